@@ -1,0 +1,35 @@
+"""Reference backends the core registers itself, through the same hooks as any plugin."""
+from nanocore.builtin.eager_moe import EagerMoEExecutor
+from nanocore.builtin.no_prefix_cache import NoPrefixCache
+from nanocore.builtin.prefill_first import PrefillFirstPolicy
+from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
+from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
+from nanocore.hookspecs import hookimpl
+
+#: Distribution name shown for the builtins.
+BUILTIN_DISTRIBUTION = "nanocore"
+
+
+@hookimpl
+def nanocore_linear_methods():
+    return {"unquantized": UnquantizedLinearMethod}
+
+
+@hookimpl
+def nanocore_kv_codecs():
+    return {"unquantized": UnquantizedKVCodec}
+
+
+@hookimpl
+def nanocore_prefix_caches():
+    return {"none": NoPrefixCache}
+
+
+@hookimpl
+def nanocore_moe_executors():
+    return {"eager": EagerMoEExecutor}
+
+
+@hookimpl
+def nanocore_scheduler_policies():
+    return {"prefill_first": PrefillFirstPolicy}

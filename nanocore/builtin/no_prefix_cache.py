@@ -1,0 +1,23 @@
+"""``none``: no prefix caching; every block goes straight back to the free list."""
+from __future__ import annotations
+
+from nanocore.interfaces import PrefixCache
+
+
+class NoPrefixCache(PrefixCache):
+    auto_priority = 0
+
+    def match(self, token_ids):
+        return []
+
+    def insert(self, token_ids, block_ids):
+        return None
+
+    def acquire(self, block_id):
+        raise AssertionError("the 'none' prefix cache never returns blocks, so none can be acquired")
+
+    def release(self, block_id):
+        return False
+
+    def evict(self):
+        return None

@@ -1,0 +1,42 @@
+"""``prefill_first``: Nano-vLLM's policy. A step runs prefills if any fit, otherwise decodes.
+
+Prompts longer than the remaining token budget are chunked (``chunk_size`` caps a chunk further).
+"""
+from __future__ import annotations
+
+from nanocore.interfaces import ScheduleDecision, SchedulerPolicy, SchedulerState, StepBudget, check_options
+
+
+class PrefillFirstPolicy(SchedulerPolicy):
+    auto_priority = 0
+
+    def __init__(self, options=None):
+        super().__init__(check_options("prefill_first", dict(options or {}), {"chunk_size": int}))
+        self.chunk_size = self.options.get("chunk_size", 0)
+        if self.chunk_size < 0:
+            raise ValueError(f"prefill_first chunk_size must be >= 0 (0 = no cap), got {self.chunk_size}")
+
+    def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:
+        decision = ScheduleDecision()
+        free_blocks = budget.num_free_blocks
+        # Unfinished prefill chunks of running sequences first, then new prompts in order.
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        for seq in [*prefilling, *state.waiting]:
+            token_room = budget.max_num_batched_tokens - decision.num_tokens
+            if token_room <= 0 or len(decision.items) >= budget.max_num_seqs:
+                break
+            num_tokens = min(seq.num_uncomputed_tokens, token_room)
+            if self.chunk_size:
+                num_tokens = min(num_tokens, self.chunk_size)
+            needed = budget.blocks_needed(seq, num_tokens)
+            if needed > free_blocks:
+                break  # keep arrival order: no overtaking by smaller prompts
+            free_blocks -= needed
+            decision.add(seq, num_tokens)
+        if decision.items:
+            return decision
+        for seq in state.running:
+            if len(decision.items) >= budget.max_num_seqs or decision.num_tokens >= budget.max_num_batched_tokens:
+                break
+            decision.add(seq, 1)
+        return decision

@@ -1,0 +1,27 @@
+"""``unquantized``: K and V stored in the model dtype. The KV-codec oracle."""
+from __future__ import annotations
+
+import torch
+
+from nanocore.interfaces import KVCache, KVCodec, KVLayout
+
+
+def flat_slots(cache_tensor: torch.Tensor) -> torch.Tensor:
+    """View ``[num_blocks, block_size, ...]`` as ``[num_slots, ...]``."""
+    return cache_tensor.view(-1, *cache_tensor.shape[2:])
+
+
+class UnquantizedKVCodec(KVCodec):
+    auto_priority = 0
+
+    def layout(self, dtype: torch.dtype) -> KVLayout:
+        return KVLayout(k_dtype=dtype, v_dtype=dtype)
+
+    def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        valid = slot_mapping >= 0
+        slots = slot_mapping[valid]
+        flat_slots(cache.k)[slots] = k[valid].to(cache.k.dtype)
+        flat_slots(cache.v)[slots] = v[valid].to(cache.v.dtype)
+
+    def gather(self, cache: KVCache, slots: torch.Tensor, dtype: torch.dtype):
+        return flat_slots(cache.k)[slots].to(dtype), flat_slots(cache.v)[slots].to(dtype)

@@ -1,0 +1,29 @@
+"""The five extension points, one small module each."""
+from nanocore.interfaces.base import API_VERSION, Backend, check_options
+from nanocore.interfaces.kv_codec import KVCache, KVCodec, KVLayout
+from nanocore.interfaces.linear_method import LinearMethod, set_weight_attrs
+from nanocore.interfaces.moe_executor import MoEExecutor, check_moe_shapes
+from nanocore.interfaces.prefix_cache import PrefixCache
+from nanocore.interfaces.scheduler_policy import (
+    ScheduleDecision,
+    ScheduledItem,
+    SchedulerPolicy,
+    SchedulerState,
+    SequenceView,
+    StepBudget,
+)
+
+#: Kind name -> (interface class, hook name). Kinds are spelled as in config fields and the CLI.
+KINDS: dict[str, tuple[type[Backend], str]] = {
+    "linear_method": (LinearMethod, "nanocore_linear_methods"),
+    "kv_codec": (KVCodec, "nanocore_kv_codecs"),
+    "prefix_cache": (PrefixCache, "nanocore_prefix_caches"),
+    "moe_executor": (MoEExecutor, "nanocore_moe_executors"),
+    "scheduler_policy": (SchedulerPolicy, "nanocore_scheduler_policies"),
+}
+
+__all__ = [
+    "API_VERSION", "Backend", "check_options", "KVCache", "KVCodec", "KVLayout", "LinearMethod",
+    "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "PrefixCache", "ScheduleDecision",
+    "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "KINDS",
+]

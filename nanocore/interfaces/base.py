@@ -1,0 +1,67 @@
+"""What every backend class of every kind declares."""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+# Major version bumps when an interface changes incompatibly; plugins declare the version they target.
+API_VERSION = "1.0"
+
+
+class Backend:
+    """Base of the five interfaces: a name, the API version it targets, options and capabilities."""
+
+    #: Interface version this backend was written against ("MAJOR.MINOR").
+    api_version: ClassVar[str] = API_VERSION
+    #: Set by the registry to the name the backend was registered under.
+    name: ClassVar[str] = ""
+    #: Rank used by ``"auto"`` selection (highest supported wins); ``None`` = never chosen automatically.
+    auto_priority: ClassVar[int | None] = None
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        self.options = dict(options or {})
+
+    @classmethod
+    def supports(cls, device: torch.device) -> str | None:
+        """Return ``None`` if this backend can run on ``device``, else the reason it cannot."""
+        return None
+
+
+def check_options(backend: str, options: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:
+    """Validate a backend's options dict: unknown keys and wrong types are user errors."""
+    unknown = sorted(set(options) - set(allowed))
+    if unknown:
+        raise ValueError(
+            f"backend {backend!r} got unknown option(s) {unknown}; allowed options: {sorted(allowed) or 'none'}"
+        )
+    for key, value in options.items():
+        if not isinstance(value, allowed[key]):
+            raise ValueError(
+                f"backend {backend!r} option {key!r} must be {allowed[key].__name__}, got {value!r}"
+            )
+    return options
+
+
+def cuda_capability_reason(device: torch.device, minimum: tuple[int, int], what: str) -> str | None:
+    """Shared ``supports`` helper: None if ``device`` is a CUDA GPU of at least ``minimum`` capability."""
+    if device.type != "cuda":
+        return f"{what} needs an NVIDIA GPU (device is {device.type})"
+    if not torch.cuda.is_available():
+        return f"{what} needs CUDA, which is not available in this torch build or machine"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < minimum:
+        return f"{what} needs CUDA capability >= {minimum[0]}.{minimum[1]}, this GPU has {capability[0]}.{capability[1]}"
+    return None
+
+
+def triton_reason(device: torch.device, what: str) -> str | None:
+    """Shared ``supports`` helper: None if Triton kernels can run on ``device``."""
+    reason = cuda_capability_reason(device, (8, 0), what)
+    if reason:
+        return reason
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return f"{what} needs the 'triton' package (pip install triton)"
+    return None

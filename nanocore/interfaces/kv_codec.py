@@ -1,0 +1,105 @@
+"""KVCodec: how the paged KV cache stores keys and values.
+
+Cache tensors are per layer. Keys and values are stored as ``[num_blocks, block_size, num_kv_heads,
+head_dim]``; a slot is ``block_id * block_size + offset``. Scales, when the layout has them, are
+``[num_blocks, block_size, num_kv_heads, num_scale_groups]``. The core attention reads every layout of
+this family natively; ``gather`` is the dequantizing reference.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+import torch
+
+from nanocore.interfaces.base import Backend
+
+ScaleGranularity = Literal["none", "token_head", "group"]
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    k_dtype: torch.dtype
+    v_dtype: torch.dtype
+    k_scale: ScaleGranularity = "none"
+    v_scale: ScaleGranularity = "none"
+    #: Elements of head_dim sharing one scale when a granularity is "group".
+    group_size: int = 0
+    scale_dtype: torch.dtype = torch.float32
+
+    def num_scale_groups(self, granularity: ScaleGranularity, head_dim: int) -> int:
+        if granularity == "none":
+            return 0
+        if granularity == "token_head":
+            return 1
+        assert head_dim % self.group_size == 0, "head_dim must be a multiple of the group size"
+        return head_dim // self.group_size
+
+
+@dataclass
+class KVCache:
+    """One layer's cache tensors. ``k_scale`` / ``v_scale`` are None when the layout has no scales."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.k.shape[0]
+
+    @property
+    def block_size(self) -> int:
+        return self.k.shape[1]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [t for t in (self.k, self.v, self.k_scale, self.v_scale) if t is not None]
+
+
+class KVCodec(Backend):
+    #: (atol, rtol) of attention over this cache against the unquantized oracle.
+    tolerance: ClassVar[tuple[float, float]] = (1e-5, 1e-5)
+
+    @abstractmethod
+    def layout(self, dtype: torch.dtype) -> KVLayout:
+        """Storage layout when the model computes in ``dtype``."""
+
+    def bytes_per_token(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        """Bytes one token occupies in one layer's cache (K, V and their scales)."""
+        layout = self.layout(dtype)
+        total = 0
+        for store_dtype, granularity in ((layout.k_dtype, layout.k_scale), (layout.v_dtype, layout.v_scale)):
+            total += num_kv_heads * head_dim * store_dtype.itemsize
+            total += num_kv_heads * layout.num_scale_groups(granularity, head_dim) * layout.scale_dtype.itemsize
+        return total
+
+    def allocate(
+        self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
+        dtype: torch.dtype, device: torch.device,
+    ) -> KVCache:
+        """Allocate one layer's cache according to ``layout``."""
+        layout = self.layout(dtype)
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+
+        def scales(granularity: ScaleGranularity) -> torch.Tensor | None:
+            groups = layout.num_scale_groups(granularity, head_dim)
+            if groups == 0:
+                return None
+            return torch.ones(num_blocks, block_size, num_kv_heads, groups, dtype=layout.scale_dtype, device=device)
+
+        return KVCache(
+            k=torch.zeros(shape, dtype=layout.k_dtype, device=device),
+            v=torch.zeros(shape, dtype=layout.v_dtype, device=device),
+            k_scale=scales(layout.k_scale),
+            v_scale=scales(layout.v_scale),
+        )
+
+    @abstractmethod
+    def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        """Write ``k``, ``v`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping``; slot -1 is skipped."""
+
+    @abstractmethod
+    def gather(self, cache: KVCache, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dequantized ``(k, v)`` of shape ``[len(slots), num_kv_heads, head_dim]`` in ``dtype``."""

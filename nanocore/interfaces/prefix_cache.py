@@ -1,0 +1,50 @@
+"""PrefixCache: which KV blocks can be reused by a new request with the same token prefix.
+
+Works on full blocks only. The BlockManager owns reference counts and the free list; the cache
+only remembers which block holds which token prefix and in what order unreferenced cached blocks
+should be evicted. Life of a cached block:
+
+    insert (computed, referenced) -> release (ref count reached 0: evictable)
+    -> acquire (matched again: not evictable) or evict (the block is reused for other tokens)
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from typing import Sequence
+
+from nanocore.interfaces.base import Backend
+
+
+class PrefixCache(Backend):
+    def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
+        super().__init__(options)
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+
+    @abstractmethod
+    def match(self, token_ids: Sequence[int]) -> list[int]:
+        """Block ids holding the longest cached prefix of ``token_ids`` (full blocks only)."""
+
+    @abstractmethod
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> None:
+        """Publish computed blocks: ``block_ids[i]`` holds tokens ``[i*bs, (i+1)*bs)`` of ``token_ids``.
+
+        ``len(token_ids) >= len(block_ids) * block_size``; blocks already published are left as they are.
+        """
+
+    @abstractmethod
+    def acquire(self, block_id: int) -> None:
+        """A matched block got a reference again: it must not be evicted."""
+
+    @abstractmethod
+    def release(self, block_id: int) -> bool:
+        """A block's reference count reached 0. Return True if the cache keeps it (evictable), False
+        if it is not cached (the BlockManager puts it on the free list)."""
+
+    @abstractmethod
+    def evict(self) -> int | None:
+        """Forget the next evictable block and return its id, or None if none is evictable."""
+
+    def stats(self) -> dict[str, float]:
+        """Counters for the engine's stats (cached blocks, evictions, ...)."""
+        return {}

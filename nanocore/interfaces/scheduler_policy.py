@@ -1,0 +1,74 @@
+"""SchedulerPolicy: which sequences run in the next forward, and how many tokens each.
+
+The policy only decides. The core validates the decision (token budget, ``max_num_seqs``, block
+availability), matches prefix-cache blocks, allocates, preempts by recomputation when KV runs out,
+and runs the step. A sequence scheduled for fewer tokens than it has uncomputed is a prefill chunk;
+the core keeps its positions contiguous.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+from nanocore.interfaces.base import Backend
+
+
+class SequenceView(Protocol):
+    """What a policy may read of a sequence (the engine's ``Sequence`` satisfies it)."""
+
+    seq_id: int
+    arrival_index: int
+    num_prompt_tokens: int
+    num_tokens: int  # prompt + generated so far
+    num_computed_tokens: int  # tokens whose KV is already in the cache
+    num_blocks: int  # KV blocks the sequence holds now
+
+    @property
+    def num_uncomputed_tokens(self) -> int: ...
+
+
+@dataclass
+class SchedulerState:
+    #: Not yet admitted (or preempted) sequences, in the order they should be considered.
+    waiting: Sequence[SequenceView]
+    #: Admitted sequences holding KV blocks, oldest first.
+    running: Sequence[SequenceView]
+
+
+@dataclass
+class StepBudget:
+    max_num_batched_tokens: int
+    max_num_seqs: int
+    num_free_blocks: int
+    block_size: int
+
+    def blocks_needed(self, seq: SequenceView, num_new_tokens: int) -> int:
+        """Extra blocks ``seq`` needs to hold ``num_new_tokens`` more tokens of KV."""
+        total = -(-(seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        return max(0, total - seq.num_blocks)
+
+
+@dataclass
+class ScheduledItem:
+    seq: SequenceView
+    num_tokens: int
+
+
+@dataclass
+class ScheduleDecision:
+    items: list[ScheduledItem] = field(default_factory=list)
+
+    def add(self, seq: SequenceView, num_tokens: int) -> None:
+        self.items.append(ScheduledItem(seq, num_tokens))
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(item.num_tokens for item in self.items)
+
+
+class SchedulerPolicy(Backend):
+    @abstractmethod
+    def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:
+        """Pick (sequence, tokens this step) pairs within ``budget``. An empty decision with work
+        waiting means "nothing fits"; the core then preempts or reports the request as too large."""
