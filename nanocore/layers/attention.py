@@ -1,0 +1,139 @@
+"""Paged attention over the KV codec's cache: metadata, the torch reference path and the layer.
+
+One forward handles a mixed batch: sequence ``b`` contributes the query tokens
+``query_start_loc[b]:query_start_loc[b+1]`` (a prefill chunk or one decode token) and attends to its
+``seq_lens[b]`` cached tokens, the last of which are its own new tokens (lower-right causal alignment).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nanocore.interfaces import KVCache, KVCodec
+
+
+@dataclass
+class AttentionMetadata:
+    """Everything attention needs for one step; built by the ModelRunner, passed down explicitly."""
+
+    #: [num_tokens] int64: cache slot of each new token's K/V (-1: do not store, e.g. padding).
+    slot_mapping: torch.Tensor
+    #: [num_seqs + 1] int32: cumulative query lengths (cu_seqlens_q).
+    query_start_loc: torch.Tensor
+    #: [num_seqs] int32: KV length of each sequence after this step (cached + new tokens).
+    seq_lens: torch.Tensor
+    #: [num_seqs, max_blocks] int32: KV block ids per sequence (padding entries are never read).
+    block_tables: torch.Tensor | None
+    max_query_len: int
+    max_seq_len: int
+    #: One KVCache per layer; None runs attention over the new tokens only (no cache, prefill only).
+    kv_caches: list[KVCache] | None = None
+    codec: KVCodec | None = None
+    #: Host copies for the torch reference path (avoid device syncs); filled by the ModelRunner.
+    query_lens_cpu: list[int] | None = None
+    seq_lens_cpu: list[int] | None = None
+    #: "auto" (Triton on CUDA when available, else torch) or "torch".
+    impl: str = "auto"
+
+    @property
+    def num_seqs(self) -> int:
+        return self.seq_lens.shape[0]
+
+    @property
+    def is_decode_only(self) -> bool:
+        return self.max_query_len == 1
+
+    @classmethod
+    def for_prefill(cls, query_lens: list[int], device: torch.device | str = "cpu") -> AttentionMetadata:
+        """Metadata for plain causal prefill without a KV cache (tests, perplexity)."""
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        return cls(
+            slot_mapping=torch.full((starts[-1],), -1, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(query_lens, dtype=torch.int32, device=device),
+            block_tables=None, max_query_len=max(query_lens), max_seq_len=max(query_lens),
+            query_lens_cpu=list(query_lens), seq_lens_cpu=list(query_lens),
+        )
+
+
+def causal_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """``q[lq,Hq,D]`` over ``k, v [lk,Hkv,D]`` with the causal mask aligned to the lower right."""
+    lq, num_heads, _ = q.shape
+    lk, num_kv_heads, _ = k.shape
+    group = num_heads // num_kv_heads
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    # query i sits at absolute position lk - lq + i and sees keys 0..lk-lq+i
+    mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(diagonal=lk - lq)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1).float(), k.transpose(0, 1).float(), v.transpose(0, 1).float(),
+        attn_mask=mask, scale=scale,
+    )
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def block_slots(block_table_row: torch.Tensor, seq_len: int, block_size: int) -> torch.Tensor:
+    """Cache slots of the first ``seq_len`` tokens of a sequence, from its block-table row."""
+    num_blocks = -(-seq_len // block_size)
+    blocks = block_table_row[:num_blocks].long()
+    offsets = torch.arange(block_size, device=blocks.device)
+    return (blocks[:, None] * block_size + offsets).flatten()[:seq_len]
+
+
+def paged_attention_reference(
+    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache | None,
+    meta: AttentionMetadata, scale: float,
+) -> torch.Tensor:
+    """Torch reference: per sequence, gather (dequantize) its KV through the codec and run SDPA."""
+    query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
+    seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+    out = torch.empty_like(q)
+    start = 0
+    for b, (lq, lk) in enumerate(zip(query_lens, seq_lens)):
+        if lq == 0:
+            continue
+        if cache is None:
+            k, v = k_new[start:start + lq], v_new[start:start + lq]
+        else:
+            slots = block_slots(meta.block_tables[b], lk, cache.block_size)
+            k, v = meta.codec.gather(cache, slots, q.dtype)
+        out[start:start + lq] = causal_attention_reference(q[start:start + lq], k, v, scale)
+        start += lq
+    return out
+
+
+class Attention(nn.Module):
+    """Stores this layer's new K/V through the codec, then attends over the paged cache."""
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale = scale
+        self.layer_idx = layer_idx
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        q = q.view(-1, self.num_heads, self.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.head_dim)
+        cache = None
+        if meta.kv_caches is not None:
+            cache = meta.kv_caches[self.layer_idx]
+            meta.codec.store(cache, k, v, meta.slot_mapping)
+        out = attention_forward(q, k, v, cache, meta, self.scale)
+        return out.reshape(-1, self.num_heads * self.head_dim)
+
+
+def attention_forward(q, k, v, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Dispatch to the Triton kernels on CUDA, else to the torch reference."""
+    if meta.impl == "auto" and q.is_cuda:
+        from nanocore.kernels import attention_dispatch
+        if attention_dispatch.available():
+            return attention_dispatch.paged_attention(q, k, v, cache, meta, scale)
+    return paged_attention_reference(q, k, v, cache, meta, scale)
