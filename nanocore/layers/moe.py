@@ -1,0 +1,174 @@
+"""The mixture-of-experts layer: router -> prepare/finalize -> the configured ``MoEExecutor``.
+
+Seams follow vLLM's modular fused MoE. The router picks ``top_k`` experts per token (softmax, then
+optional renormalisation). Prepare/finalize moves tokens to the experts' owners and the results back:
+``LocalPrepareFinalize`` when one rank holds every expert, ``AllToAllPrepareFinalize`` for expert
+parallelism. The executor only ever sees this rank's stacked weights ``w13[E_local, 2I, H]`` (gate
+rows then up rows) and ``w2[E_local, H, I]``, loaded from per-expert checkpoint tensors.
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from nanocore.distributed import ParallelContext, divide, tp_all_reduce
+from nanocore.interfaces import MoEExecutor, set_weight_attrs
+
+#: ``experts(x, topk_weights, topk_ids) -> [M, H]`` over this rank's experts (local expert ids).
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_SHARD_OF_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax over experts, keep the ``top_k`` largest: ``(weights[M,K] float32, ids[M,K] int64)``."""
+    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
+    topk_weights, topk_ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    return topk_weights, topk_ids
+
+
+def match_expert_weight(name: str) -> tuple[str, int, str] | None:
+    """``...experts.N.gate_proj.weight`` -> (``...experts.w13``, N, ``"w1"``); None for other names."""
+    m = _EXPERT_WEIGHT.match(name)
+    if m is None:
+        return None
+    shard_id = _SHARD_OF_PROJ[m["proj"]]
+    param = "w2" if shard_id == "w2" else "w13"
+    return f"{m['prefix']}.{param}", int(m["expert"]), shard_id
+
+
+class Router(nn.Module):
+    """The gate: ``router_logits = x @ weight^T``, replicated on every rank (it is tiny)."""
+
+    def __init__(self, hidden_size: int, num_experts: int, params_dtype: torch.dtype):
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=params_dtype), requires_grad=False)
+        set_weight_attrs(self.weight, {"weight_loader": _load_whole})
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight)
+
+
+class LocalPrepareFinalize:
+    """Every expert lives on this rank: run the executor on the tokens as they are."""
+
+    def __call__(self, x, topk_weights, topk_ids, experts: ExpertsFn) -> torch.Tensor:
+        return experts(x, topk_weights, topk_ids)
+
+
+class AllToAllPrepareFinalize:
+    """Expert parallelism: each (token, owner rank) pair travels once, results come back and are summed.
+
+    Rank ``r`` owns experts ``[r * E_local, (r + 1) * E_local)``. A token is sent to a rank with all
+    ``top_k`` ids, those owned elsewhere set to -1 (the executor contract: they contribute nothing).
+    Message sizes depend on routing, so this path synchronises with the host (no CUDA graphs).
+    """
+
+    def __init__(self, group, ep_size: int, num_local_experts: int):
+        self.group, self.ep_size, self.num_local_experts = group, ep_size, num_local_experts
+
+    def __call__(self, x, topk_weights, topk_ids, experts: ExpertsFn) -> torch.Tensor:
+        owner = topk_ids // self.num_local_experts  # [M, K]
+        ranks = torch.arange(self.ep_size, device=x.device)
+        owned = owner.unsqueeze(0) == ranks[:, None, None]  # [ep, M, K]
+        dest, token = owned.any(dim=-1).nonzero(as_tuple=True)  # rank-major: ready to send
+        local_ids = torch.where(owned[dest, token], topk_ids[token] - dest[:, None] * self.num_local_experts, -1)
+        send_counts = torch.bincount(dest, minlength=self.ep_size)
+        recv_counts = torch.empty_like(send_counts)
+        dist.all_to_all_single(recv_counts, send_counts, group=self.group)
+        send, recv = send_counts.tolist(), recv_counts.tolist()
+        x_recv = self._exchange(x[token], send, recv)
+        weights_recv = self._exchange(topk_weights[token].float(), send, recv)
+        ids_recv = self._exchange(local_ids, send, recv)
+        y_recv = experts(x_recv, weights_recv, ids_recv)
+        y_back = self._exchange(y_recv, recv, send)
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        out.index_add_(0, token, y_back.float())
+        return out.to(x.dtype)
+
+    def _exchange(self, tensor: torch.Tensor, send: list[int], recv: list[int]) -> torch.Tensor:
+        out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
+        dist.all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
+        return out
+
+
+class FusedMoE(nn.Module):
+    """Routed experts of one MoE block: ``forward(x[M,H], router_logits[M,E]) -> [M,H]``.
+
+    Expert parallel (``ep_size > 1``): this rank holds ``E / ep_size`` whole experts. Otherwise, with
+    tensor parallelism, every expert's intermediate dimension is split over the TP ranks and the
+    partial outputs are summed (``reduce_results``).
+    """
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
+                 executor: MoEExecutor, parallel: ParallelContext | None = None, renormalize: bool = False,
+                 params_dtype: torch.dtype = torch.float32, activation: str = "silu", reduce_results: bool = True):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"num_experts_per_tok ({top_k}) must be between 1 and num_experts ({num_experts})")
+        parallel = parallel or ParallelContext()
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.executor, self.activation, self.parallel = executor, activation, parallel
+        self.num_local_experts = divide(num_experts, parallel.ep_size, "num_experts")
+        self.expert_start = parallel.ep_rank * self.num_local_experts
+        self.tp_shards = parallel.tp_size if parallel.ep_size == 1 else 1
+        self.intermediate_per_rank = divide(intermediate_size, self.tp_shards, "moe_intermediate_size")
+        self.reduce_results = reduce_results and self.tp_shards > 1
+        i = self.intermediate_per_rank
+        self.w13 = nn.Parameter(torch.empty(self.num_local_experts, 2 * i, hidden_size, dtype=params_dtype), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(self.num_local_experts, hidden_size, i, dtype=params_dtype), requires_grad=False)
+        for param in (self.w13, self.w2):
+            set_weight_attrs(param, {"weight_loader": self.weight_loader})
+        if parallel.ep_size > 1:
+            self.prepare_finalize = AllToAllPrepareFinalize(parallel.ep_group, parallel.ep_size, self.num_local_experts)
+        else:
+            self.prepare_finalize = LocalPrepareFinalize()
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        out = self.prepare_finalize(x, topk_weights, topk_ids, self._run_experts)
+        return tp_all_reduce(out, self.parallel) if self.reduce_results else out
+
+    def _run_experts(self, x, topk_weights, topk_ids) -> torch.Tensor:
+        return self.executor.apply(x, topk_weights, topk_ids, self.w13, self.w2, self.activation)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert_id: int, shard_id: str) -> None:
+        """Copy one checkpoint tensor of global expert ``expert_id`` (``w1`` gate, ``w3`` up, ``w2`` down)."""
+        local = expert_id - self.expert_start
+        if not 0 <= expert_id < self.num_experts:
+            raise ValueError(f"checkpoint has expert {expert_id} but the config says num_experts={self.num_experts}")
+        if not 0 <= local < self.num_local_experts:
+            return  # owned by another expert-parallel rank
+        i, full = self.intermediate_per_rank, self.intermediate_per_rank * self.tp_shards
+        rank = self.parallel.tp_rank if self.tp_shards > 1 else 0
+        if shard_id in ("w1", "w3"):
+            dst, dim, expected = param.data[local].narrow(0, 0 if shard_id == "w1" else i, i), 0, (full, param.shape[2])
+        elif shard_id == "w2":
+            dst, dim, expected = param.data[local], 1, (param.shape[1], full)
+        else:
+            raise ValueError(f"unknown expert shard {shard_id!r}; expected 'w1' (gate), 'w3' (up) or 'w2' (down)")
+        if tuple(loaded_weight.shape) != expected:
+            raise ValueError(
+                f"expert {expert_id} {shard_id} has shape {tuple(loaded_weight.shape)}, expected {expected}; "
+                f"check moe_intermediate_size / hidden_size in config.json"
+            )
+        src = loaded_weight.narrow(dim, rank * i, i)
+        dst.copy_(src)
+
+    def extra_repr(self) -> str:
+        return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, "
+                f"intermediate={self.intermediate_per_rank}, executor={type(self.executor).__name__}")
+
+
+def _load_whole(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+    if param.shape != loaded_weight.shape:
+        raise ValueError(f"router weight has shape {tuple(loaded_weight.shape)}, expected {tuple(param.shape)}")
+    param.data.copy_(loaded_weight)
