@@ -1,0 +1,11 @@
+"""TP / EP process groups on torch.distributed (NCCL on GPU, gloo on CPU)."""
+from nanocore.distributed.parallel import (
+    ParallelContext,
+    destroy_distributed,
+    divide,
+    init_distributed,
+    tp_all_gather,
+    tp_all_reduce,
+)
+
+__all__ = ["ParallelContext", "destroy_distributed", "divide", "init_distributed", "tp_all_gather", "tp_all_reduce"]

@@ -1,0 +1,118 @@
+"""Tensor- and expert-parallel process groups and the two collectives the layers need.
+
+``ParallelContext`` is passed explicitly to every parallel layer (no module-global state).
+With ``tp_size == 1`` nothing here touches ``torch.distributed``.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class ParallelContext:
+    """Where this process sits in the tensor-parallel and expert-parallel groups."""
+
+    tp_rank: int = 0
+    tp_size: int = 1
+    tp_group: Any = None
+    ep_rank: int = 0
+    ep_size: int = 1
+    ep_group: Any = None
+
+    def __post_init__(self):
+        assert 0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} outside tp_size {self.tp_size}"
+        assert 0 <= self.ep_rank < self.ep_size, f"ep_rank {self.ep_rank} outside ep_size {self.ep_size}"
+
+    @property
+    def is_driver(self) -> bool:
+        """Rank 0 of the tensor-parallel group (the one that samples and reports)."""
+        return self.tp_rank == 0
+
+
+def tp_all_reduce(x: torch.Tensor, parallel: ParallelContext) -> torch.Tensor:
+    """Sum ``x`` over the tensor-parallel group (in place when distributed)."""
+    if parallel.tp_size == 1:
+        return x
+    dist.all_reduce(x, group=parallel.tp_group)
+    return x
+
+
+def tp_all_gather(x: torch.Tensor, parallel: ParallelContext, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim``, in rank order."""
+    if parallel.tp_size == 1:
+        return x
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(parallel.tp_size)]
+    dist.all_gather(parts, x, group=parallel.tp_group)
+    return torch.cat(parts, dim=dim)
+
+
+def divide(numerator: int, denominator: int, what: str) -> int:
+    """Exact division for sharding; a remainder is a user-visible configuration error."""
+    if numerator % denominator:
+        raise ValueError(
+            f"{what} ({numerator}) is not divisible by the parallel size {denominator}; "
+            f"choose a tensor_parallel_size that divides it"
+        )
+    return numerator // denominator
+
+
+def init_distributed(
+    rank: int,
+    world_size: int,
+    *,
+    tp_size: int | None = None,
+    ep_size: int = 1,
+    device: torch.device | str = "cpu",
+    init_method: str | None = None,
+) -> ParallelContext:
+    """Join the default process group (gloo on CPU, NCCL on CUDA) and carve TP / EP groups.
+
+    Ranks ``[k*tp_size, (k+1)*tp_size)`` form tensor-parallel group ``k``; EP groups likewise.
+    ``init_method`` defaults to ``tcp://127.0.0.1:$MASTER_PORT`` (port 29500 when unset).
+    """
+    tp_size = world_size if tp_size is None else tp_size
+    for name, size in (("tensor_parallel_size", tp_size), ("expert_parallel_size", ep_size)):
+        if size < 1 or world_size % size:
+            raise ValueError(f"{name} {size} must divide the number of processes {world_size}")
+    if world_size == 1:
+        return ParallelContext()
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.set_device(device.index if device.index is not None else rank % torch.cuda.device_count())
+    if init_method is None:
+        init_method = f"tcp://127.0.0.1:{os.environ.get('MASTER_PORT', '29500')}"
+    if not dist.is_initialized():
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size)
+    tp_group = _own_group(rank, world_size, tp_size)
+    ep_group = _own_group(rank, world_size, ep_size)
+    return ParallelContext(
+        tp_rank=rank % tp_size, tp_size=tp_size, tp_group=tp_group,
+        ep_rank=rank % ep_size, ep_size=ep_size, ep_group=ep_group,
+    )
+
+
+def _own_group(rank: int, world_size: int, size: int):
+    """Create every contiguous group of ``size`` ranks (all ranks must call this) and return ours."""
+    if size == 1:
+        return None
+    if size == world_size:
+        return dist.group.WORLD
+    mine = None
+    for start in range(0, world_size, size):
+        group = dist.new_group(list(range(start, start + size)))
+        if start <= rank < start + size:
+            mine = group
+    return mine
+
+
+def destroy_distributed() -> None:
+    """Leave the process group if this process joined one."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
