@@ -1,0 +1,113 @@
+"""``hash``: a table from chained block hashes to cached blocks.
+
+A block's key is xxhash64 over its parent's key and its own token ids, so one lookup per block walks a
+prefix. A hit is verified: the entry's token ids must equal the block's and its parent must be the entry
+matched one block earlier (object identity, so neither a hash collision nor a reused block id can
+return KV computed for other tokens). Released blocks are evicted least recently released first; a
+block whose parent was evicted stays cached but unreachable until the LRU reaches it.
+"""
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import xxhash
+
+from nanocore.interfaces import PrefixCache, check_options
+from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks
+
+ROOT_KEY = 0
+
+
+@dataclass(eq=False)
+class Entry:
+    block_id: int
+    key: int
+    token_ids: tuple[int, ...]
+    parent: Entry | None = field(repr=False)
+
+
+def chained_block_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
+    """xxhash64 of the parent's key followed by the block's token ids (int64 little endian)."""
+    return xxhash.xxh64_intdigest(parent_key.to_bytes(8, "little") + array("q", token_ids).tobytes())
+
+
+class HashPrefixCache(PrefixCache):
+    auto_priority = 20  # above radix (10) and the builtin "none" (0): "auto" picks hash
+
+    def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
+        super().__init__(block_size, num_blocks, check_options("hash", dict(options or {}), {}))
+        # key -> entries with that key; more than one only after a collision or an evicted parent
+        self._table: dict[int, list[Entry]] = {}
+        self._by_block: dict[int, Entry] = {}
+        self._evictable = EvictableLRU()
+        self._counters = PrefixCacheCounters()
+
+    block_hash = staticmethod(chained_block_hash)
+
+    def _find(self, key: int, token_ids: tuple[int, ...], parent: Entry | None) -> Entry | None:
+        for entry in self._table.get(key, ()):
+            if entry.parent is parent and entry.token_ids == token_ids:
+                return entry
+        return None
+
+    def match(self, token_ids: Sequence[int]) -> list[int]:
+        blocks = full_blocks(token_ids, self.block_size)
+        hits: list[int] = []
+        parent: Entry | None = None
+        for block in blocks:
+            entry = self._find(self.block_hash(parent.key if parent else ROOT_KEY, block), block, parent)
+            if entry is None:
+                break
+            hits.append(entry.block_id)
+            parent = entry
+        self._counters.record_match(len(blocks), len(hits))
+        return hits
+
+    def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> None:
+        check_insert(token_ids, block_ids, self.block_size, self.num_blocks)
+        parent: Entry | None = None
+        for block_id, block in zip(block_ids, full_blocks(token_ids, self.block_size, len(block_ids))):
+            key = self.block_hash(parent.key if parent else ROOT_KEY, block)
+            entry = self._find(key, block, parent)
+            if entry is None:
+                entry = self._publish(block_id, key, block, parent)
+            parent = entry  # an entry already published under another block id keeps serving this prefix
+
+    def _publish(self, block_id: int, key: int, block: tuple[int, ...], parent: Entry | None) -> Entry:
+        if block_id in self._by_block:
+            raise ValueError(
+                f"block {block_id} is already cached for other tokens; insert only blocks the BlockManager "
+                f"allocated fresh (or evicted) for these tokens"
+            )
+        entry = Entry(block_id, key, block, parent)
+        self._table.setdefault(key, []).append(entry)
+        self._by_block[block_id] = entry
+        return entry
+
+    def acquire(self, block_id: int) -> None:
+        if block_id not in self._by_block:
+            raise ValueError(f"acquire({block_id}): the block is not cached; acquire only blocks returned by match")
+        self._evictable.discard(block_id)
+
+    def release(self, block_id: int) -> bool:
+        if block_id not in self._by_block:
+            return False
+        self._evictable.add(block_id)
+        return True
+
+    def evict(self) -> int | None:
+        block_id = self._evictable.pop_oldest()
+        if block_id is None:
+            return None
+        entry = self._by_block.pop(block_id)
+        bucket = self._table[entry.key]
+        bucket.remove(entry)
+        if not bucket:
+            del self._table[entry.key]
+        self._counters.evictions += 1
+        return block_id
+
+    def stats(self) -> dict[str, float]:
+        return self._counters.as_stats(len(self._by_block), len(self._evictable))
