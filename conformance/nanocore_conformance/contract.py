@@ -1,0 +1,63 @@
+"""BackendContractConformance: the registration contract every backend of every kind keeps."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nanocore.interfaces import API_VERSION, KINDS
+from nanocore.plugins import ENTRY_POINT_GROUP, entry_points, get_registry
+from nanocore_conformance.base import BackendConformance
+
+
+class BackendContractConformance(BackendConformance):
+    """Entry point loads, api_version major matches, interface subclassed, name unique, supports() sane.
+
+    Usable alone (``class TestX(BackendContractConformance): kind = "kv_codec"; backend = "mine"``);
+    every per-kind class includes it.
+    """
+
+    def test_entry_point_loads(self, backend_entry):
+        if backend_entry.distribution == "nanocore":
+            pytest.skip("builtin backend: the core registers it directly, not through an entry point")
+        hook_name = KINDS[self.kind][1]
+        found = []
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            dist = getattr(ep, "dist", None)
+            if dist is None or dist.name != backend_entry.distribution:
+                continue
+            module = ep.load()
+            hook = getattr(module, hook_name, None)
+            if hook is not None and (hook() or {}).get(backend_entry.name) is backend_entry.cls:
+                found.append(ep.name)
+        assert found, (
+            f"no entry point of distribution {backend_entry.distribution!r} in group {ENTRY_POINT_GROUP!r} loads "
+            f"a module whose {hook_name}() returns {backend_entry.name!r}; declare it in pyproject.toml under "
+            f"[project.entry-points.nanocore] and reinstall the plugin"
+        )
+
+    def test_api_version_major_matches(self, backend_cls):
+        declared = str(getattr(backend_cls, "api_version", ""))
+        assert declared.split(".")[0] == API_VERSION.split(".")[0], (
+            f"{backend_cls.__name__}.api_version is {declared!r}; this nanocore implements {API_VERSION!r}")
+
+    def test_subclasses_its_interface(self, backend_cls):
+        interface = KINDS[self.kind][0]
+        assert issubclass(backend_cls, interface), (
+            f"{backend_cls.__name__} must subclass nanocore.interfaces.{interface.__name__}")
+
+    def test_name_unique_across_distributions(self, backend_entry):
+        entries = get_registry().entries[self.kind][backend_entry.name]
+        dists = sorted(e.distribution for e in entries)
+        assert len(entries) == 1, (
+            f"{self.kind} {backend_entry.name!r} is registered by several distributions {dists}; rename one")
+
+    def test_supports_returns_none_or_reason(self, backend_cls):
+        for device in ("cpu", "cuda", "meta"):
+            reason = backend_cls.supports(torch.device(device))
+            assert reason is None or (isinstance(reason, str) and reason.strip()), (
+                f"{backend_cls.__name__}.supports({device!r}) must return None or a non-empty reason, got {reason!r}")
+
+    def test_auto_priority_is_int_or_none(self, backend_cls):
+        priority = backend_cls.auto_priority
+        assert priority is None or isinstance(priority, int), (
+            f"{backend_cls.__name__}.auto_priority must be an int or None, got {priority!r}")

@@ -1,0 +1,95 @@
+"""MoEExecutorConformance: ``apply`` against the ``eager`` oracle, dropped slots, bad shapes."""
+from __future__ import annotations
+
+from typing import ClassVar
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nanocore.builtin.eager_moe import EagerMoEExecutor
+from nanocore_conformance.base import assert_close, check_tolerance_declaration, generator, randn, suite_settings
+from nanocore_conformance.contract import BackendContractConformance
+
+moe_shapes = st.fixed_dictionaries({
+    "tokens": st.one_of(st.just(1), st.integers(1, 12)),
+    "experts": st.integers(1, 6),
+    "top_k": st.integers(1, 3),
+    "hidden_units": st.integers(1, 4),
+    "intermediate_units": st.integers(1, 4),
+    "dropped": st.booleans(),  # some slots routed to no expert (id -1 or >= E)
+})
+
+
+def moe_case(shape, hidden_multiple, intermediate_multiple, dtype, device, seed):
+    """Random routed tokens and expert weights; ``topk_ids`` may repeat and may point at no expert."""
+    m, e, k = shape["tokens"], shape["experts"], shape["top_k"]
+    h, i = shape["hidden_units"] * hidden_multiple, shape["intermediate_units"] * intermediate_multiple
+    g = generator(seed)
+    x = randn(m, h, seed_gen=g, dtype=dtype, device=device)
+    topk_weights = torch.rand(m, k, generator=g).to(dtype=dtype, device=device)
+    topk_ids = torch.randint(0, e, (m, k), generator=g)
+    if shape["dropped"]:
+        drop = torch.rand(m, k, generator=g) < 0.4
+        topk_ids = torch.where(drop, torch.where(torch.rand(m, k, generator=g) < 0.5, -1, e), topk_ids)
+    w13 = randn(e, 2 * i, h, seed_gen=g, dtype=dtype, device=device, scale=h ** -0.5)
+    w2 = randn(e, h, i, seed_gen=g, dtype=dtype, device=device, scale=i ** -0.5)
+    return x, topk_weights, topk_ids.to(device), w13, w2
+
+
+class MoEExecutorConformance(BackendContractConformance):
+    kind = "moe_executor"
+    #: Requirements: multiples the executor needs for hidden (H) and intermediate (I) sizes.
+    hidden_multiple: ClassVar[int] = 8
+    intermediate_multiple: ClassVar[int] = 8
+
+    def _check(self, backend_cls, options, dtype, device, shape, seed, activation):
+        args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, seed)
+        out = backend_cls(options).apply(*args, activation=activation)
+        expected = EagerMoEExecutor().apply(*args, activation=activation)
+        assert out.dtype == dtype, f"apply returned {out.dtype}, expected x.dtype {dtype}"
+        assert_close(out, expected, backend_cls.tolerance, f"{self.backend} MoE ({activation}) vs eager")
+
+    def test_tolerance_declared(self, backend_cls):
+        check_tolerance_declaration(backend_cls)
+        unknown = set(backend_cls.activations) - set(EagerMoEExecutor.activations)
+        assert not unknown, f"activations {sorted(unknown)} have no oracle in 'eager'; add them there first"
+
+    @suite_settings
+    @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1), data=st.data())
+    def test_apply_matches_eager(self, backend_cls, backend_options, dtype, device, shape, seed, data):
+        activation = data.draw(st.sampled_from(list(backend_cls.activations)))
+        self._check(backend_cls, backend_options, dtype, device, shape, seed, activation)
+
+    def test_tokens_routed_to_no_expert_contribute_nothing(self, backend_cls, backend_options, dtype, device):
+        shape = {"tokens": 3, "experts": 2, "top_k": 2, "hidden_units": 1, "intermediate_units": 1, "dropped": False}
+        x, weights, ids, w13, w2 = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, 0)
+        ids = torch.tensor([[-1, 2], [2, -1], [-1, -1]], device=device)
+        out = backend_cls(backend_options).apply(x, weights, ids, w13, w2)
+        assert torch.count_nonzero(out) == 0, "slots with ids < 0 or >= num_experts must contribute nothing"
+
+    def test_bad_shapes_raise_value_error(self, backend_cls, backend_options, dtype, device):
+        shape = {"tokens": 2, "experts": 2, "top_k": 1, "hidden_units": 1, "intermediate_units": 1, "dropped": False}
+        x, weights, ids, w13, w2 = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, 0)
+        executor = backend_cls(backend_options)
+        bad_cases = {
+            "3-D x": (x[None], weights, ids, w13, w2),
+            "x hidden != w13 hidden": (x[:, :-1], weights, ids, w13, w2),
+            "topk shapes differ": (x, weights[:, :0], ids, w13, w2),
+            "topk rows != tokens": (x, weights[:1], ids[:1], w13, w2),
+            "w2 intermediate mismatch": (x, weights, ids, w13, w2[:, :, :-1]),
+            "expert counts differ": (x, weights, ids, w13, w2[:1]),
+        }
+        for what, args in bad_cases.items():
+            with pytest.raises(ValueError):
+                executor.apply(*args)
+                pytest.fail(f"apply accepted malformed input ({what}); raise ValueError (see check_moe_shapes)")
+        with pytest.raises(ValueError):
+            executor.apply(x, weights, ids, w13, w2, activation="no_such_activation")
+
+    @pytest.mark.cuda
+    @suite_settings
+    @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1))
+    def test_apply_matches_eager_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed):
+        self._check(backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed, backend_cls.activations[0])
