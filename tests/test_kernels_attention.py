@@ -1,0 +1,214 @@
+"""Triton paged attention against the torch reference, on random inputs.
+
+Without CUDA the kernels run in Triton's interpreter (fp16/fp32, small shapes: the interpreter's bf16
+dot is wrong). ``cuda``-marked tests cover bf16, every block size, head_dim 64/128 and long contexts.
+"""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated, so set first
+pytest.importorskip("triton")
+
+from nanocore.builtin.unquantized_kv import UnquantizedKVCodec, flat_slots  # noqa: E402
+from nanocore.interfaces import KVCodec, KVLayout  # noqa: E402
+from nanocore.kernels.paged_attention import AttentionConfig, paged_attention  # noqa: E402
+from nanocore.layers.attention import AttentionMetadata, paged_attention_reference  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class ScaledCodec(KVCodec):
+    """Test codec: any storage dtype / scale granularity, dequantizing gather as the reference."""
+
+    def __init__(self, layout: KVLayout):
+        self._layout = layout
+
+    def layout(self, dtype):
+        return self._layout
+
+    def store(self, cache, k, v, slot_mapping):
+        raise NotImplementedError
+
+    def gather(self, cache, slots, dtype):
+        def deq(values, scales):
+            x = flat_slots(values)[slots].float()
+            if scales is not None:
+                s = flat_slots(scales)[slots].float()
+                x = (x.view(*x.shape[:2], s.shape[-1], -1) * s[..., None]).view_as(x)
+            return x.to(dtype)
+        return deq(cache.k, cache.k_scale), deq(cache.v, cache.v_scale)
+
+
+def random_values(shape, dtype, device):
+    if dtype == torch.int8:
+        return torch.randint(-127, 128, shape, dtype=torch.int8, device=device)
+    return torch.randn(shape, device=device).clamp(-4, 4).to(dtype)
+
+
+def make_case(specs, num_heads, num_kv_heads, head_dim, block_size, dtype, layout=None, pad_tokens=0,
+              device=DEVICE, seed=0):
+    """Random q and paged cache for sequences ``specs = [(query_len, seq_len), ...]``."""
+    torch.manual_seed(seed)
+    codec = ScaledCodec(layout) if layout is not None else UnquantizedKVCodec()
+    blocks_per_seq = [-(-lk // block_size) for _, lk in specs]
+    num_blocks = sum(blocks_per_seq) + 3
+    cache = codec.allocate(num_blocks, block_size, num_kv_heads, head_dim, dtype, torch.device(device))
+    for t in (cache.k, cache.v):
+        t.copy_(random_values(t.shape, t.dtype, device))
+    for t in (cache.k_scale, cache.v_scale):
+        if t is not None:
+            t.copy_(torch.rand(t.shape, device=device) * 0.05 + 0.01)
+    perm = torch.randperm(num_blocks, device=device).int()  # blocks scattered over the cache
+    max_blocks = max(blocks_per_seq) + 2
+    block_tables = torch.full((len(specs), max_blocks), 10**6, dtype=torch.int32, device=device)
+    used = 0
+    for b, n in enumerate(blocks_per_seq):
+        block_tables[b, :n] = perm[used:used + n]
+        used += n
+    query_lens = [lq for lq, _ in specs]
+    seq_lens = [lk for _, lk in specs]
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    num_tokens = starts[-1] + pad_tokens
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((num_tokens,), -1, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=block_tables, max_query_len=max(query_lens), max_seq_len=max(seq_lens),
+        kv_caches=[cache], codec=codec, query_lens_cpu=query_lens, seq_lens_cpu=seq_lens,
+    )
+    q = torch.randn(num_tokens, num_heads, head_dim, device=device).to(dtype)
+    return q, cache, meta
+
+
+def check(q, cache, meta, layout=None, config=None, tol=1e-2):
+    scale = q.shape[-1] ** -0.5
+    out = paged_attention(q, q, q, cache, meta, scale, layout=layout, config=config)
+    ref = paged_attention_reference(q, q, q, cache, meta, scale)
+    n = int(meta.query_start_loc[-1])
+    out, ref = out[:n].float(), ref[:n].float()
+    assert torch.isfinite(out).all()
+    err = ((out - ref).norm() / ref.norm()).item()
+    assert err < tol, f"relative error {err}"
+
+
+MIXED = [(5, 40), (1, 70), (0, 20), (16, 16), (1, 1), (3, 33)]
+
+
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("config", [None, AttentionConfig(64, 32, 4, 1)])
+def test_mixed_batch_gqa(block_size, config):
+    q, cache, meta = make_case(MIXED, 4, 2, 64, block_size, torch.float16, pad_tokens=2)
+    check(q, cache, meta, config=config)
+
+
+def test_fp32_mha_chunk_against_prefix():
+    q, cache, meta = make_case([(20, 50), (7, 7)], 2, 2, 64, 16, torch.float32)
+    check(q, cache, meta, tol=1e-5)
+
+
+def test_forced_split_kv_decode():
+    q, cache, meta = make_case([(1, 150), (1, 9), (1, 64)], 4, 1, 64, 16, torch.float16)
+    check(q, cache, meta, config=AttentionConfig(16, 16, 4, 1, num_splits=4))
+    check(q, cache, meta, config=AttentionConfig(16, 32, 4, 1, num_splits=8))  # more splits than tiles
+
+
+def test_non_power_of_two_head_dim_and_group():
+    q, cache, meta = make_case([(4, 30), (1, 17)], 6, 2, 48, 16, torch.float16)
+    check(q, cache, meta)
+
+
+def test_no_cache_prefill():
+    torch.manual_seed(1)
+    lens = [9, 1, 30]
+    meta = AttentionMetadata.for_prefill(lens, device=DEVICE)
+    q = torch.randn(sum(lens), 4, 64, device=DEVICE).half()
+    k = torch.randn(sum(lens), 2, 64, device=DEVICE).half()
+    v = torch.randn(sum(lens), 2, 64, device=DEVICE).half()
+    out = paged_attention(q, k, v, None, meta, 0.125)
+    ref = paged_attention_reference(q, k, v, None, meta, 0.125)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+@pytest.mark.parametrize("layout", [
+    KVLayout(torch.int8, torch.int8, "token_head", "token_head"),
+    KVLayout(torch.int8, torch.int8, "group", "token_head", group_size=16),
+])
+def test_quantized_layouts(layout):
+    q, cache, meta = make_case(MIXED[:3], 4, 2, 64, 16, torch.float16, layout=layout)
+    check(q, cache, meta, layout=layout)
+
+
+# ---- GPU: bf16, every block size, both head dims, long contexts -----------------------------------
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("block_size", [16, 32, 64])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("heads", [(16, 8), (9, 3), (8, 8), (32, 4)])
+def test_cuda_mixed_bf16(block_size, head_dim, heads):
+    specs = [(300, 1000), (1, 2048), (0, 5), (128, 128), (1, 1), (17, 4000), (1, 513)]
+    q, cache, meta = make_case(specs, *heads, head_dim, block_size, torch.bfloat16, pad_tokens=3)
+    check(q, cache, meta)
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("splits", [0, 1, 7, 16])
+def test_cuda_long_decode(block_size, splits):
+    specs = [(1, 8192), (1, 3), (1, 16384), (1, 4097)]
+    q, cache, meta = make_case(specs, 16, 8, 128, block_size, torch.bfloat16)
+    cfg = AttentionConfig(16, 64, 4, 3, num_splits=splits) if splits else None
+    check(q, cache, meta, config=cfg)
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("layout", [
+    KVLayout(torch.int8, torch.int8, "token_head", "token_head"),
+    KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn, "token_head", "token_head"),
+    KVLayout(torch.int8, torch.int8, "group", "token_head", group_size=32),
+    KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn),
+])
+@pytest.mark.parametrize("specs", [[(1, 3000), (1, 70), (1, 1)], [(200, 700), (1, 40), (64, 64)]])
+def test_cuda_quantized_layouts(layout, specs):
+    q, cache, meta = make_case(specs, 16, 8, 128, 16, torch.bfloat16, layout=layout)
+    check(q, cache, meta, layout=layout)
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_plain_prefill_no_cache_and_fp16():
+    lens = [1024, 77, 1]
+    meta = AttentionMetadata.for_prefill(lens, device="cuda")
+    q = torch.randn(sum(lens), 16, 128, device="cuda", dtype=torch.float16)
+    k = torch.randn(sum(lens), 8, 128, device="cuda", dtype=torch.float16)
+    v = torch.randn(sum(lens), 8, 128, device="cuda", dtype=torch.float16)
+    out = paged_attention(q, k, v, None, meta, 0.088)
+    ref = paged_attention_reference(q, k, v, None, meta, 0.088)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+@pytest.mark.cuda
+@cuda
+def test_cuda_graph_capture_replays_new_inputs():
+    specs = [(1, 5000), (1, 300), (1, 17)]
+    q, cache, meta = make_case(specs, 16, 8, 128, 16, torch.bfloat16)
+    paged_attention(q, q, q, cache, meta, 0.1)  # compile outside capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = paged_attention(q, q, q, cache, meta, 0.1)
+    q.copy_(torch.randn_like(q))
+    meta.seq_lens.copy_(torch.tensor([4000, 301, 2], dtype=torch.int32))
+    meta.seq_lens_cpu = [4000, 301, 2]
+    graph.replay()
+    ref = paged_attention_reference(q, q, q, cache, meta, 0.1)
+    assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
