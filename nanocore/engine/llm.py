@@ -1,0 +1,127 @@
+"""``LLM``: the offline API, mirroring vLLM's (``generate``, ``chat``) plus ``stream`` and ``stats``."""
+from __future__ import annotations
+
+import time
+from typing import Any, Iterator, Sequence as Seq
+
+from tqdm.auto import tqdm
+
+from nanocore.config import EngineConfig
+from nanocore.engine.llm_engine import LLMEngine
+from nanocore.engine.outputs import EngineStats, RequestOutput
+from nanocore.engine.sampling_params import SamplingParams
+
+Prompt = str | list[int]
+Conversation = list[dict[str, Any]]
+
+
+class LLM:
+    """``LLM(model="default", **engine_config_fields)``; fields as in ``EngineConfig`` (NANOCORE_* env applies)."""
+
+    def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, loaded_model=None,
+                 **config_fields: Any):
+        if config is None:
+            config = EngineConfig.load(model=model, **config_fields)
+        elif model is not None or config_fields:
+            config = config.model_copy(update={"model": model or config.model, **config_fields})
+        self.config = config
+        self.engine = LLMEngine(config, loaded_model=loaded_model)
+
+    def get_tokenizer(self):
+        return self.engine.tokenizer
+
+    def stats(self) -> EngineStats:
+        return self.engine.get_stats()
+
+    # ---- batch generation ----------------------------------------------------------------
+    def generate(self, prompts: str | Seq[str] | Seq[int] | Seq[Seq[int]],
+                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+                 use_tqdm: bool = True) -> list[RequestOutput]:
+        """Generate for every prompt (text or token-id lists); outputs come back in prompt order."""
+        prompt_list = normalize_prompts(prompts)
+        params_list = normalize_params(sampling_params, len(prompt_list))
+        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompt_list, params_list)]
+        return self._run(ids, use_tqdm)
+
+    def chat(self, messages: Conversation | list[Conversation],
+             sampling_params: SamplingParams | Seq[SamplingParams] | None = None, use_tqdm: bool = True,
+             add_generation_prompt: bool = True, chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """Generate replies to one conversation or a list of them, through the tokenizer's chat template."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
+        prompts = [self.apply_chat_template(c, add_generation_prompt, chat_template_kwargs) for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm)
+
+    def apply_chat_template(self, conversation: Conversation, add_generation_prompt: bool = True,
+                            chat_template_kwargs: dict | None = None) -> list[int]:
+        tokenizer = self.engine.tokenizer
+        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+            raise ValueError("this model's tokenizer has no chat template; use generate() with plain prompts")
+        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                             **(chat_template_kwargs or {}))
+        return tokenizer.encode(text, add_special_tokens=False)
+
+    def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        results: dict[str, RequestOutput] = {}
+        bar = tqdm(total=len(request_ids), desc="Generating", unit="req", disable=not use_tqdm or len(request_ids) < 2,
+                   dynamic_ncols=True)
+        start, generated_before = time.perf_counter(), self.engine.stats.num_generated_tokens
+        try:
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    results[output.request_id] = output
+                    bar.update(1)
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"{(self.engine.stats.num_generated_tokens - generated_before) / elapsed:.1f} out tok/s",
+                                    refresh=False)
+        except BaseException:
+            for request_id in request_ids:
+                self.engine.abort_request(request_id)
+            raise
+        finally:
+            bar.close()
+        return [results[r] for r in request_ids if r in results]
+
+    # ---- streaming -----------------------------------------------------------------------
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """Yield the completion's text as it grows (incremental deltas). Needs ``n == 1``."""
+        params = sampling_params or SamplingParams()
+        if params.n != 1:
+            raise ValueError(f"stream() produces one completion; got n={params.n}, use generate() for n > 1")
+        if self.engine.has_unfinished_requests():
+            raise RuntimeError("the engine is busy with other requests; stream() runs one request at a time")
+        request = self.engine.add_request(prompt, params, stream=True)
+        detokenizer = request.detokenizers[0]
+        if detokenizer is None:
+            raise ValueError("stream() needs a tokenizer to produce text")
+        try:
+            while not request.finished:
+                self.engine.step()
+                delta = detokenizer.stream_delta(request.finished)
+                if delta:
+                    yield delta
+        finally:
+            if not request.finished:
+                self.engine.abort_request(request.request_id)
+
+
+def normalize_prompts(prompts) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]  # one prompt given as token ids
+    for p in prompts:
+        if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p)):
+            raise ValueError(f"each prompt must be a string or a list of token ids, got {type(p).__name__}")
+    return [p if isinstance(p, str) else list(p) for p in prompts]
+
+
+def normalize_params(params, num_prompts: int) -> list[SamplingParams]:
+    if params is None:
+        return [SamplingParams()] * num_prompts
+    if isinstance(params, SamplingParams):
+        return [params] * num_prompts
+    params = list(params)
+    if len(params) != num_prompts:
+        raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts; give one, or one per prompt")
+    return params

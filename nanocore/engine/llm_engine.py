@@ -1,0 +1,213 @@
+"""LLMEngine: requests in, one step at a time through scheduler -> model runner -> postprocess."""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+import torch
+
+from nanocore.config import EngineConfig
+from nanocore.engine.block_manager import BlockManager
+from nanocore.engine.detokenizer import IncrementalDetokenizer, decode_output
+from nanocore.engine.model_runner import ModelRunner
+from nanocore.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+from nanocore.engine.sampling_params import SamplingParams
+from nanocore.engine.scheduler import Scheduler
+from nanocore.engine.sequence import Sequence
+from nanocore.plugins import get_registry
+
+logger = logging.getLogger("nanocore")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} asked for but CUDA is not available here; use --device cpu")
+    return device
+
+
+def build_backend(kind: str, config: EngineConfig, device: torch.device, *args):
+    """Instantiate the configured backend of ``kind`` (``auto`` resolved for ``device``)."""
+    name, options = config.backend(kind)
+    entry = get_registry().resolve(kind, name, device)
+    return entry.cls(*args, options=options)
+
+
+@dataclass
+class Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    seqs: list[Sequence]
+    detokenizers: list[IncrementalDetokenizer | None] = field(default_factory=list)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.seqs)
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded_model=None):
+        """``loaded_model``: a ``LoadedModel`` already built (tests); by default ``load_model(config)``."""
+        self.config = config
+        self.device = resolve_device(config.device)
+        if loaded_model is None:
+            loaded_model = self._load(config)
+        self.loaded = loaded_model
+        self.tokenizer = loaded_model.tokenizer
+        self.eos_token_ids = set(loaded_model.eos_token_ids or [])
+        self.max_model_len = config.max_model_len or loaded_model.max_model_len
+        if loaded_model.max_model_len and self.max_model_len > loaded_model.max_model_len:
+            raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {loaded_model.max_model_len}")
+        codec = build_backend("kv_codec", config, self.device)
+        self.runner = ModelRunner(config, loaded_model.model, loaded_model.model.kv_cache_spec, loaded_model.dtype,
+                                  self.device, codec, self.max_model_len, list(self.eos_token_ids))
+        prefix_cache = build_backend("prefix_cache", config, self.device, config.block_size, self.runner.num_blocks)
+        self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, prefix_cache)
+        self.scheduler = Scheduler(build_backend("scheduler_policy", config, self.device), self.block_manager,
+                                   config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
+        self.requests: dict[str, Request] = {}
+        self.stats = EngineStats()
+        self._seq_ids = itertools.count()
+        self._request_ids = itertools.count()
+
+    def _load(self, config: EngineConfig):
+        if config.tensor_parallel_size > 1 or config.expert_parallel_size > 1:
+            raise ValueError("tensor / expert parallelism is not wired into LLMEngine yet; use tensor_parallel_size=1")
+        from nanocore.distributed.parallel import ParallelContext
+        from nanocore.loader import load_model
+        return load_model(config, self.device, ParallelContext())
+
+    # ---- requests ------------------------------------------------------------------------
+    def tokenize(self, prompt: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer; pass prompts as lists of token ids")
+        return self.tokenizer.encode(prompt)
+
+    def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
+                    request_id: str | None = None, stream: bool = False) -> Request:
+        """Queue a prompt (text or token ids); raises ValueError if it can never run."""
+        params = sampling_params or SamplingParams()
+        text = prompt if isinstance(prompt, str) else None
+        token_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not token_ids:
+            raise ValueError("the prompt is empty; give at least one token")
+        if text is None and self.loaded.hf_config is not None:
+            vocab = getattr(self.loaded.hf_config, "vocab_size", None)
+            if vocab and not all(0 <= t < vocab for t in token_ids):
+                raise ValueError(f"prompt token ids must be in [0, {vocab}) for this model")
+        max_tokens = params.max_tokens or self.max_model_len - len(token_ids)
+        self.scheduler.check_fits(len(token_ids), max(max_tokens, 1))
+        request_id = request_id if request_id is not None else str(next(self._request_ids))
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        request = Request(request_id, text, token_ids, params, [])
+        for index in range(params.n):
+            seq_id = next(self._seq_ids)  # ids grow with arrival, so they double as the arrival index
+            seq = Sequence(seq_id, seq_id, token_ids, params, max_tokens, request_id, index)
+            if params.seed is not None:
+                seq.generator = torch.Generator(device=self.device)
+                seq.generator.manual_seed(params.seed if index == 0 else hash((params.seed, index)) & (2**62 - 1))
+            request.seqs.append(seq)
+            incremental = stream or bool(params.stop_strings)
+            request.detokenizers.append(
+                IncrementalDetokenizer(self.tokenizer, token_ids, params.skip_special_tokens, params.stop_strings,
+                                       params.include_stop_str_in_output)
+                if incremental and self.tokenizer is not None else None)
+            self.scheduler.add(seq)
+        self.requests[request_id] = request
+        self.stats.num_prompt_tokens += len(token_ids)
+        return request
+
+    def abort_request(self, request_id: str) -> None:
+        request = self.requests.pop(request_id, None)
+        for seq in request.seqs if request else []:
+            self.scheduler.abort(seq)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # ---- the step ------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Schedule, run the model, append sampled tokens, check stops; return requests that finished."""
+        batch = self.scheduler.schedule()
+        result = self.runner.execute(batch.seqs, batch.num_tokens)
+        for seq, num_tokens in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += num_tokens
+            self.block_manager.publish(seq)
+        finished: list[RequestOutput] = []
+        for i, (seq, token_id) in enumerate(zip(result.seqs, result.token_ids)):
+            seq.append_token(token_id)
+            if result.logprobs is not None and seq.output_logprobs is not None:
+                seq.output_logprobs.append(result.logprobs[i])
+            request = self.requests[seq.request_id]
+            if self._check_finish(seq, request.detokenizers[seq.index]):
+                self.scheduler.finish(seq)
+                if request.finished:
+                    finished.append(self.request_output(self.requests.pop(seq.request_id)))
+        self._count(batch.total_tokens, len(result.token_ids), len(finished))
+        return finished
+
+    def _count(self, num_computed: int, num_generated: int, num_finished: int) -> None:
+        s = self.stats
+        s.num_steps += 1
+        s.num_computed_tokens += num_computed
+        s.num_generated_tokens += num_generated
+        s.num_finished_requests += num_finished
+        s.num_preemptions = self.scheduler.num_preemptions
+        s.num_cached_tokens = self.scheduler.num_cached_tokens
+
+    def _check_finish(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None) -> bool:
+        """Stop checks after a new token: EOS / stop ids (not in the text), stop strings, length."""
+        params, token_id = seq.sampling_params, seq.token_ids[-1]
+        past_min = seq.num_output_tokens >= params.min_tokens
+        if past_min and not params.ignore_eos and token_id in self.eos_token_ids:
+            seq.finish_reason = "stop"
+        elif past_min and token_id in params.stop_token_ids:
+            seq.finish_reason, seq.stop_reason = "stop", token_id
+        elif detokenizer is not None:
+            new_text = detokenizer.add_tokens([token_id])
+            stop = detokenizer.check_stop(len(new_text)) if past_min else None
+            if stop is not None:
+                seq.finish_reason, seq.stop_reason = "stop", stop
+        if seq.finish_reason is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    # ---- outputs -------------------------------------------------------------------------
+    def request_output(self, request: Request) -> RequestOutput:
+        return RequestOutput(
+            request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
+            outputs=[self._completion(seq, det) for seq, det in zip(request.seqs, request.detokenizers)],
+            finished=request.finished, num_cached_tokens=max(0, request.seqs[0].num_cached_tokens),
+        )
+
+    def _completion(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None) -> CompletionOutput:
+        token_ids = seq.output_token_ids
+        if detokenizer is not None:
+            text = detokenizer.output_text
+        else:  # a final stop token (EOS, stop id) is kept in token_ids but not in the text
+            stopped_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+            text = decode_output(self.tokenizer, token_ids[:-1] if stopped_by_token else token_ids,
+                                 seq.sampling_params.skip_special_tokens)
+        out = CompletionOutput(seq.index, text, token_ids, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+        if seq.output_logprobs is not None:
+            out.logprobs = [self._logprob_dict(entry) for entry in seq.output_logprobs]
+            out.cumulative_logprob = sum(entry[1][0] for entry in seq.output_logprobs)
+        return out
+
+    def _logprob_dict(self, entry: tuple[list[int], list[float], int]) -> dict[int, Logprob]:
+        ids, lps, sampled_rank = entry
+        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None else (lambda t: None)
+        out = {ids[0]: Logprob(lps[0], sampled_rank, decode(ids[0]))}
+        for rank, (token_id, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+            out.setdefault(token_id, Logprob(lp, rank, decode(token_id)))
+        return out
+
+    def get_stats(self) -> EngineStats:
+        self.stats.prefix_cache = self.block_manager.stats()
+        return self.stats

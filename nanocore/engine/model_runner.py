@@ -1,0 +1,195 @@
+"""ModelRunner: owns the model and the paged KV cache; turns one scheduled batch into sampled tokens.
+
+Per step: build positions / slot mapping / block tables / cu_seqlens with vectorised numpy ops (one
+host->device copy per tensor), run the model, compute logits only for sequences that sample (a prefill
+chunk that does not reach the end of its prompt samples nothing), and sample on the device.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from nanocore.config import EngineConfig
+from nanocore.engine.sequence import Sequence
+from nanocore.interfaces import KVCodec
+from nanocore.layers.attention import AttentionMetadata
+from nanocore.layers.sampler import Sampler, SamplingTensors
+
+logger = logging.getLogger("nanocore")
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    logits_indices: torch.Tensor  # rows of the hidden states that produce logits
+    sample_rows: list[int]  # batch indices of the sequences that sample this step
+
+
+@dataclass
+class StepResult:
+    seqs: list[Sequence]  # the sequences that sampled, in order
+    token_ids: list[int]
+    #: per sampled sequence: (token ids, logprobs, rank of the sampled token); first id is the sampled one
+    logprobs: list[tuple[list[int], list[float], int]] | None = None
+
+
+def kv_bytes_per_block(codec: KVCodec, kv_cache_spec: tuple[int, int, int], dtype: torch.dtype, block_size: int) -> int:
+    num_layers, num_kv_heads, head_dim = kv_cache_spec
+    return num_layers * block_size * codec.bytes_per_token(num_kv_heads, head_dim, dtype)
+
+
+def num_kv_blocks_for_cpu(config: EngineConfig, bytes_per_block: int) -> int:
+    num_blocks = int(config.cpu_kv_cache_gib * (1 << 30)) // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(f"cpu_kv_cache_gib={config.cpu_kv_cache_gib} holds no KV block of {bytes_per_block} bytes; raise it")
+    return num_blocks
+
+
+def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes_per_block: int,
+                          device: torch.device) -> int:
+    """CUDA: run a max-size forward without cache, then give the KV cache what gpu_memory_utilization leaves."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    allocated_before = torch.cuda.memory_allocated(device)
+    num_tokens = min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+    num_seqs = max(1, min(config.max_num_seqs, num_tokens // max_model_len))
+    lens = [num_tokens // num_seqs] * num_seqs
+    meta = AttentionMetadata.for_prefill(lens, device)
+    with torch.inference_mode():
+        input_ids = torch.zeros(sum(lens), dtype=torch.int64, device=device)
+        positions = torch.cat([torch.arange(n, device=device) for n in lens])
+        hidden = model.forward(input_ids, positions, meta)
+        model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+    torch.cuda.synchronize(device)
+    activation_peak = torch.cuda.max_memory_allocated(device) - allocated_before
+    used_now = total - free  # weights, CUDA context and other processes
+    budget = total * config.gpu_memory_utilization - used_now - activation_peak
+    num_blocks = int(budget // bytes_per_block)
+    if num_blocks < 1:
+        raise RuntimeError(
+            f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB after weights and a "
+            f"{num_tokens}-token forward); raise gpu_memory_utilization or lower max_num_batched_tokens")
+    torch.cuda.empty_cache()
+    return num_blocks
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, model, kv_cache_spec: tuple[int, int, int], dtype: torch.dtype,
+                 device: torch.device, codec: KVCodec, max_model_len: int, eos_token_ids: list[int]):
+        self.model = model
+        self.device = device
+        self.dtype = dtype
+        self.codec = codec
+        self.block_size = config.block_size
+        self.eos_token_ids = list(eos_token_ids)
+        num_layers, num_kv_heads, head_dim = kv_cache_spec
+        bytes_per_block = kv_bytes_per_block(codec, kv_cache_spec, dtype, self.block_size)
+        if config.num_kv_blocks is not None:
+            self.num_blocks = config.num_kv_blocks
+        elif device.type == "cuda":
+            self.num_blocks = profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
+        else:
+            self.num_blocks = num_kv_blocks_for_cpu(config, bytes_per_block)
+        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, codec %r)", self.num_blocks, self.block_size,
+                    self.num_blocks * bytes_per_block / 2**30, codec.name)
+        self.kv_caches = [codec.allocate(self.num_blocks, self.block_size, num_kv_heads, head_dim, dtype, device)
+                          for _ in range(num_layers)]
+        generator = torch.Generator(device=device)
+        generator.manual_seed(config.seed)
+        self.sampler = Sampler(generator)
+
+    # ---- inputs --------------------------------------------------------------------------
+    def prepare(self, seqs: list[Sequence], num_tokens: list[int], all_logits: bool = False) -> StepInputs:
+        """Step tensors from per-sequence ranges ``[num_computed, num_computed + n)``; no per-token loops."""
+        bs = self.block_size
+        num_seqs = len(seqs)
+        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, num_seqs)
+        query_lens = np.asarray(num_tokens, dtype=np.int64)
+        seq_lens = starts + query_lens
+        cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=cu_seqlens[1:])
+        total = int(cu_seqlens[-1])
+        input_ids = np.fromiter(
+            itertools.chain.from_iterable(s.token_ids[a:b] for s, a, b in zip(seqs, starts.tolist(), seq_lens.tolist())),
+            np.int64, total)
+        seq_index = np.repeat(np.arange(num_seqs), query_lens)
+        positions = np.arange(total, dtype=np.int64) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
+        block_tables = np.zeros((num_seqs, max(s.num_blocks for s in seqs)), dtype=np.int32)
+        for i, s in enumerate(seqs):
+            block_tables[i, :s.num_blocks] = s.block_table
+        slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
+        if all_logits:
+            sample_rows = list(range(num_seqs))
+            logits_indices = np.arange(total)
+        else:
+            samples = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, num_seqs)
+            sample_rows = np.flatnonzero(samples).tolist()
+            logits_indices = cu_seqlens[1:][samples] - 1
+        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        meta = AttentionMetadata(
+            slot_mapping=to_device(slot_mapping),
+            query_start_loc=to_device(cu_seqlens.astype(np.int32)),
+            seq_lens=to_device(seq_lens.astype(np.int32)),
+            block_tables=to_device(block_tables),
+            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
+            kv_caches=self.kv_caches, codec=self.codec,
+            query_lens_cpu=query_lens.tolist(), seq_lens_cpu=seq_lens.tolist(),
+        )
+        return StepInputs(to_device(input_ids), to_device(positions), meta, to_device(logits_indices), sample_rows)
+
+    def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
+        """Per-row sampling parameters as device tensors; optional masks only when some row uses them."""
+        params = [s.sampling_params for s in seqs]
+        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
+        temperatures = [p.temperature for p in params]
+        banned_rows, banned_ids = [], []
+        for row, (seq, p) in enumerate(zip(seqs, params)):
+            if seq.num_output_tokens < p.min_tokens:  # EOS and stop ids are not allowed yet
+                ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+                banned_rows += [row] * len(ids)
+                banned_ids += sorted(ids)
+        wants_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+        return SamplingTensors(
+            temperatures=tensor(temperatures, torch.float32),
+            top_k=tensor([p.top_k for p in params], torch.int64) if any(p.top_k for p in params) else None,
+            top_p=tensor([p.top_p for p in params], torch.float32) if any(p.top_p < 1 for p in params) else None,
+            min_p=tensor([p.min_p for p in params], torch.float32) if any(p.min_p > 0 for p in params) else None,
+            generators=[s.generator for s in seqs],
+            all_greedy=all(t == 0 for t in temperatures),
+            any_greedy=any(t == 0 for t in temperatures),
+            max_num_logprobs=max(wants_logprobs) if wants_logprobs else None,
+            banned=(tensor(banned_rows, torch.int64), tensor(banned_ids, torch.int64)) if banned_rows else None,
+        )
+
+    # ---- execution -----------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, seqs: list[Sequence], num_tokens: list[int]) -> StepResult:
+        """Run one step of the scheduled batch and sample for the sequences that reach their end."""
+        inputs = self.prepare(seqs, num_tokens)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
+        sampled = [seqs[i] for i in inputs.sample_rows]
+        if not sampled:
+            return StepResult([], [])
+        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        out = self.sampler(logits, self.sampling_tensors(sampled))
+        result = StepResult(sampled, out.token_ids.tolist())
+        if out.logprobs is not None:
+            ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
+            result.logprobs = [
+                (ids[i][:1 + (s.sampling_params.logprobs or 0)], lps[i][:1 + (s.sampling_params.logprobs or 0)], ranks[i])
+                for i, s in enumerate(sampled)]
+        return result
+
+    @torch.inference_mode()
+    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
+        """Logits ``[num_tokens, vocab]`` of a whole sequence whose blocks are allocated (teacher forcing)."""
+        inputs = self.prepare([seq], [seq.num_tokens - seq.num_computed_tokens], all_logits=True)
+        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
+        return self.model.compute_logits(hidden)

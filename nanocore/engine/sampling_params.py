@@ -1,0 +1,65 @@
+"""Per-request sampling parameters, mirroring vLLM's ``SamplingParams``."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SamplingParams:
+    """How to sample one request. Invalid values raise ``ValueError`` saying what is allowed."""
+
+    n: int = 1
+    temperature: float = 1.0  # 0 = greedy
+    top_k: int = 0  # 0 or -1 = whole vocabulary
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int | None = None
+    max_tokens: int | None = 16  # None = until max_model_len
+    min_tokens: int = 0
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled token's)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    _stop: list[str] = field(default_factory=list, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        if self.top_k == -1:
+            self.top_k = 0
+        self._validate()
+
+    def _validate(self) -> None:
+        checks = [
+            (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
+            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
+            (isinstance(self.top_k, int) and self.top_k >= 0,
+             f"top_k must be a positive integer, or 0 / -1 for the whole vocabulary, got {self.top_k!r}"),
+            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
+            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
+            (self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
+             f"seed must be None or an integer >= 0, got {self.seed!r}"),
+            (self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+             f"max_tokens must be None or an integer >= 1, got {self.max_tokens!r}"),
+            (isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+             f"min_tokens must be an integer >= 0, got {self.min_tokens!r}"),
+            (self.max_tokens is None or self.min_tokens <= self.max_tokens,
+             f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"),
+            (all(isinstance(s, str) and s for s in self._stop), f"stop must be non-empty strings, got {self.stop!r}"),
+            (all(t >= 0 for t in self.stop_token_ids), f"stop_token_ids must be >= 0, got {self.stop_token_ids}"),
+            (self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+             f"logprobs must be None or an integer >= 0 (number of top tokens), got {self.logprobs!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return self._stop
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0

@@ -1,0 +1,73 @@
+"""One sequence being generated: its tokens, KV blocks and progress. Satisfies ``SequenceView``."""
+from __future__ import annotations
+
+from enum import Enum
+
+import torch
+
+from nanocore.engine.sampling_params import SamplingParams
+
+
+class SequenceStatus(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    __slots__ = (
+        "seq_id", "arrival_index", "request_id", "index", "token_ids", "num_prompt_tokens",
+        "num_computed_tokens", "num_published_blocks", "block_table", "sampling_params", "status",
+        "num_cached_tokens", "finish_reason", "stop_reason", "output_logprobs", "generator", "max_tokens",
+    )
+
+    def __init__(self, seq_id: int, arrival_index: int, prompt_token_ids: list[int],
+                 sampling_params: SamplingParams, max_tokens: int, request_id: str = "", index: int = 0):
+        self.seq_id = seq_id
+        self.arrival_index = arrival_index
+        self.request_id = request_id
+        self.index = index  # which of the request's n samples
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.token_ids)
+        self.num_computed_tokens = 0
+        self.num_published_blocks = 0  # full blocks already inserted into the prefix cache
+        self.block_table: list[int] = []
+        self.sampling_params = sampling_params
+        self.max_tokens = max_tokens  # resolved against max_model_len
+        self.status = SequenceStatus.WAITING
+        self.num_cached_tokens = -1  # set at first admission
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.output_logprobs: list[dict] | None = [] if sampling_params.logprobs is not None else None
+        self.generator: torch.Generator | None = None  # per-request RNG when a seed is given
+
+    def __repr__(self) -> str:
+        return (f"Sequence(id={self.seq_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
+                f"blocks={self.num_blocks}, status={self.status.value})")
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_table)
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def num_output_tokens(self) -> int:
+        return self.num_tokens - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int) -> None:
+        self.token_ids.append(token_id)

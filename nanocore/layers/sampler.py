@@ -1,0 +1,116 @@
+"""Sampling on the device: temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+
+Rows are processed together with vectorised masks; work a batch does not need (sorting for top-k /
+top-p, random numbers when every row is greedy) is skipped. Seeded rows draw their exponential noise
+from their own ``torch.Generator``, so a seeded request samples the same tokens in any batch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+
+@dataclass
+class SamplingTensors:
+    """Per-row parameters on the logits' device (built once per step by the ModelRunner)."""
+
+    temperatures: torch.Tensor  # [N] float32, 0 = greedy
+    top_k: torch.Tensor | None  # [N] int64, 0 = whole vocabulary; None when no row uses it
+    top_p: torch.Tensor | None  # [N] float32; None when every row is 1
+    min_p: torch.Tensor | None  # [N] float32; None when every row is 0
+    generators: list[torch.Generator | None]  # per-row seeded RNG, None = the shared one
+    all_greedy: bool
+    any_greedy: bool
+    max_num_logprobs: int | None = None  # None = no row wants logprobs
+    #: (row index, token id) pairs whose logits are masked (min_tokens: EOS / stop ids not allowed yet).
+    banned: tuple[torch.Tensor, torch.Tensor] | None = None
+
+
+@dataclass
+class SamplerOutput:
+    token_ids: torch.Tensor  # [N] int64
+    #: [N, 1 + max_num_logprobs]: the sampled token's then the top tokens' ids / logprobs; ranks [N]
+    logprob_token_ids: torch.Tensor | None = None
+    logprobs: torch.Tensor | None = None
+    sampled_ranks: torch.Tensor | None = None
+
+
+def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
+    """Mask (to -inf) logits outside each row's top-k and top-p nucleus; keeps at least one token."""
+    if top_k is None and top_p is None:
+        return logits
+    sorted_logits, sorted_idx = logits.sort(dim=-1, descending=True)
+    vocab = logits.shape[-1]
+    if top_k is not None:
+        k = torch.where(top_k > 0, top_k, vocab).clamp(max=vocab)
+        kth = sorted_logits.gather(1, (k - 1).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+    if top_p is not None:
+        probs = sorted_logits.softmax(dim=-1)
+        # drop a token when the mass before it already reaches top_p (the first token always stays)
+        mass_before = probs.cumsum(dim=-1) - probs
+        sorted_logits = sorted_logits.masked_fill(mass_before >= top_p.unsqueeze(1), float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(1, sorted_idx, sorted_logits)
+
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p`` times the most likely token's."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.amax(dim=-1, keepdim=True) * min_p.unsqueeze(1)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
+def exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None],
+                      default: torch.Generator | None) -> torch.Tensor:
+    """Exp(1) noise per row; seeded rows use their own generator so they do not depend on the batch."""
+    noise = torch.empty_like(probs)
+    seeded = [i for i, g in enumerate(generators) if g is not None]
+    if len(seeded) < len(generators):
+        noise.exponential_(generator=default)
+    for i in seeded:
+        noise[i].exponential_(generator=generators[i])
+    return noise
+
+
+class Sampler(nn.Module):
+    def __init__(self, generator: torch.Generator | None = None):
+        super().__init__()
+        self.generator = generator  # shared RNG of unseeded rows (seeded from the engine config)
+
+    def forward(self, logits: torch.Tensor, params: SamplingTensors) -> SamplerOutput:
+        logits = logits.float()
+        if params.banned is not None:
+            logits = logits.index_put(params.banned, torch.tensor(float("-inf"), device=logits.device))
+        if params.all_greedy:
+            processed = logits
+            token_ids = logits.argmax(dim=-1)
+        else:
+            temps = params.temperatures.unsqueeze(1)
+            processed = logits / torch.where(temps > 0, temps, torch.ones_like(temps))
+            processed = apply_top_k_top_p(processed, params.top_k, params.top_p)
+            if params.min_p is not None:
+                processed = apply_min_p(processed, params.min_p)
+            probs = processed.softmax(dim=-1)
+            # Gumbel-max in exponential form: argmax p / E with E ~ Exp(1) samples from p
+            token_ids = (probs / exponential_noise(probs, params.generators, self.generator)).argmax(dim=-1)
+            if params.any_greedy:
+                token_ids = torch.where(params.temperatures == 0, logits.argmax(dim=-1), token_ids)
+        if params.max_num_logprobs is None:
+            return SamplerOutput(token_ids)
+        return self._logprobs(processed, token_ids, params.max_num_logprobs)
+
+    @staticmethod
+    def _logprobs(processed: torch.Tensor, token_ids: torch.Tensor, num: int) -> SamplerOutput:
+        """The sampled token's logprob and rank, and the top-``num`` of the processed distribution."""
+        logprobs = processed.log_softmax(dim=-1)
+        sampled = logprobs.gather(1, token_ids.unsqueeze(1))
+        ranks = (logprobs > sampled).sum(dim=-1) + 1
+        top_lp, top_ids = logprobs.topk(num, dim=-1) if num else (sampled[:, :0], token_ids[:, None][:, :0])
+        return SamplerOutput(
+            token_ids,
+            logprob_token_ids=torch.cat([token_ids.unsqueeze(1), top_ids], dim=1),
+            logprobs=torch.cat([sampled, top_lp], dim=1),
+            sampled_ranks=ranks,
+        )
