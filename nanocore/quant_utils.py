@@ -1,0 +1,199 @@
+"""Numerics and checkpoint helpers shared by the quantized linear methods (lifted here once, per STYLE.md).
+
+Quantize / dequantize references (fp8 e4m3, int8, AutoAWQ int4), parameter registration with the
+checks that turn a mismatching checkpoint into a clear error, and the rule for which tensors of a
+checkpoint are quantized at all.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Any, Callable
+
+import torch
+
+from nanocore.interfaces import set_weight_attrs
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+INT8_MAX = 127.0
+INT4_MAX = 15
+#: AutoAWQ packs 8 int4 values per int32 in this order (column j of a pack holds value AWQ_ORDER[j]).
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+AWQ_PACK_FACTOR = 8
+_MIN_SCALE = 1e-12  # an all-zero row must not give a zero (then NaN) scale
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint's tensors do not match the linear method that is loading them."""
+
+
+# ---- symmetric per-row quantization (weights per output channel, activations per token) ----------
+def symmetric_scale(x: torch.Tensor, qmax: float, dim: int = -1) -> torch.Tensor:
+    """Scale (float32, ``dim`` kept) so that ``x / scale`` fills ``[-qmax, qmax]``."""
+    return (x.float().abs().amax(dim=dim, keepdim=True) / qmax).clamp_min(_MIN_SCALE)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def quantize_int8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return (x.float() / scale).round().clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+
+
+def quantize_fp8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 e4m3 values and float32 scales ``[rows, 1]`` (weights: per output channel; activations: per token)."""
+    scale = symmetric_scale(x, FP8_MAX)
+    return quantize_fp8(x, scale), scale
+
+
+def quantize_int8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """int8 values and float32 scales ``[rows, 1]``."""
+    scale = symmetric_scale(x, INT8_MAX)
+    return quantize_int8(x, scale), scale
+
+
+# ---- AutoAWQ int4 (GEMM format) ---------------------------------------------------------------
+def pack_int4_awq(q: torch.Tensor) -> torch.Tensor:
+    """Pack int4 values ``[R, C]`` (0..15) into int32 ``[R, C / 8]`` in AutoAWQ's interleaved order."""
+    rows, cols = q.shape
+    if cols % AWQ_PACK_FACTOR:
+        raise ValueError(f"int4 packing needs a multiple of {AWQ_PACK_FACTOR} columns, got {cols}")
+    q = q.to(torch.int32).reshape(rows, cols // AWQ_PACK_FACTOR, AWQ_PACK_FACTOR)[..., list(AWQ_ORDER)]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=q.device)
+    return (q << shifts).sum(dim=-1, dtype=torch.int32)
+
+
+def unpack_int4_awq(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_int4_awq`: int32 ``[R, C / 8]`` -> int32 values ``[R, C]`` in 0..15."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    q = (packed.unsqueeze(-1) >> shifts) & 0xF
+    inverse = [AWQ_ORDER.index(j) for j in range(AWQ_PACK_FACTOR)]
+    return q[..., inverse].reshape(packed.shape[0], -1)
+
+
+def quantize_int4_groups(w: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric round-to-nearest int4 of ``w [N, K]`` per group of ``group_size`` input channels.
+
+    Returns ``q [N, K]`` (0..15), ``scales [K / g, N]`` and integer ``zeros [K / g, N]`` (AWQ layout).
+    """
+    n, k = w.shape
+    if k % group_size:
+        raise ValueError(f"input size {k} is not a multiple of the AWQ group size {group_size}")
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(dim=-1, keepdim=True).clamp_max(0), g.amax(dim=-1, keepdim=True).clamp_min(0)
+    scales = ((hi - lo) / INT4_MAX).clamp_min(_MIN_SCALE)
+    zeros = (-lo / scales).round().clamp(0, INT4_MAX)
+    q = (g / scales).round().add(zeros).clamp(0, INT4_MAX).to(torch.int32).reshape(n, k)
+    return q, scales.squeeze(-1).t().contiguous(), zeros.squeeze(-1).t().to(torch.int32).contiguous()
+
+
+def awq_pack(w: torch.Tensor, group_size: int, scales_dtype=torch.float16) -> dict[str, torch.Tensor]:
+    """Round-to-nearest AutoAWQ GEMM tensors ``qweight [K, N/8]``, ``qzeros [K/g, N/8]``, ``scales [K/g, N]``."""
+    q, scales, zeros = quantize_int4_groups(w, group_size)
+    return {"qweight": pack_int4_awq(q.t().contiguous()), "qzeros": pack_int4_awq(zeros),
+            "scales": scales.to(scales_dtype)}
+
+
+def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """The torch reference: AutoAWQ GEMM tensors -> ``W^T [K, N]`` in ``scales.dtype``."""
+    k = qweight.shape[0]
+    group_size = k // scales.shape[0]
+    q = unpack_int4_awq(qweight).float()
+    zeros = unpack_int4_awq(qzeros).float().repeat_interleave(group_size, dim=0)
+    return ((q - zeros) * scales.float().repeat_interleave(group_size, dim=0)).to(scales.dtype)
+
+
+# ---- parameters and the checks that make a wrong checkpoint a clear error -----------------------
+def add_param(layer: torch.nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
+              weight_loader: Callable, method: str, fill: float | None = None, **attrs: Any) -> torch.nn.Parameter:
+    """Register ``layer.<name>`` whose loader checks the checkpoint dtype and records that it was loaded."""
+    data = torch.empty(shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
+    param = torch.nn.Parameter(data, requires_grad=False)
+    set_weight_attrs(param, {"weight_loader": checked_loader(weight_loader, layer, name, method), **attrs})
+    layer.register_parameter(name, param)
+    return param
+
+
+def checked_loader(weight_loader: Callable, layer: torch.nn.Module, name: str, method: str) -> Callable:
+    def load(param: torch.Tensor, loaded: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        check_dtype(loaded, param.dtype, name, method)
+        try:
+            weight_loader(param, loaded, *args, **kwargs)
+        except CheckpointFormatError:
+            raise
+        except (ValueError, RuntimeError, AssertionError, IndexError) as exc:
+            raise CheckpointFormatError(
+                f"{method}: checkpoint tensor '{name}' of shape {tuple(loaded.shape)} does not fit this layer's "
+                f"parameter of shape {tuple(param.shape)} ({exc}); was the checkpoint made for another method "
+                f"or group size?") from exc
+        mark_loaded(layer, name)
+    return load
+
+
+def check_dtype(loaded: torch.Tensor, expected: torch.dtype, name: str, method: str) -> None:
+    """Integer / fp8 tensors must match exactly; floating scales may come in any float dtype."""
+    ok = loaded.dtype == expected or (expected.is_floating_point and expected.itemsize >= 2
+                                       and loaded.dtype.is_floating_point and loaded.dtype.itemsize >= 2)
+    if not ok:
+        raise CheckpointFormatError(
+            f"{method}: checkpoint tensor '{name}' has dtype {loaded.dtype}, expected {expected}; "
+            f"this checkpoint was not made for {method!r} (check its quantization_config, or pick the "
+            f"linear method that matches it)")
+
+
+def mark_loaded(layer: torch.nn.Module, name: str) -> None:
+    loaded = layer.__dict__.setdefault("_quant_loaded", set())
+    loaded.add(name)
+
+
+def check_all_loaded(layer: torch.nn.Module, names: list[str], method: str) -> None:
+    """After loading: if some of the method's tensors came from the checkpoint, all of them must have."""
+    loaded = layer.__dict__.get("_quant_loaded")
+    if not loaded:
+        return  # filled directly (tests, dummy weights), not through the checkpoint loader
+    missing = [n for n in names if n not in loaded]
+    if missing:
+        raise CheckpointFormatError(
+            f"{method}: the checkpoint has no {missing} for a layer that has {sorted(loaded)}; "
+            f"it was quantized with another method (or is incomplete): pick the matching linear method")
+
+
+# ---- which checkpoint tensors get quantized -------------------------------------------------------
+#: Never quantized: embeddings, lm_head, norms, MoE routers (their names in HF checkpoints).
+_KEEP = re.compile(r"(embed|lm_head|norm|\.mlp\.gate\.|shared_expert_gate|router|rotary)")
+
+
+def quantizable_linears(weights: dict[str, torch.Tensor], ignore: list[str] = ()) -> list[str]:
+    """Prefixes of the 2-D ``<prefix>.weight`` tensors to quantize; ``ignore`` takes names, globs or ``re:``."""
+    out = []
+    for name, tensor in weights.items():
+        if not (name == "weight" or name.endswith(".weight")) or tensor.dim() != 2 or _KEEP.search(name + "."):
+            continue
+        prefix = name[: -len("weight")].rstrip(".")  # "" for a bare layer's tensors
+        if not is_ignored(prefix, ignore):
+            out.append(prefix)
+    return sorted(out)
+
+
+def tensor_name(prefix: str, name: str) -> str:
+    """``<prefix>.<name>``, or just ``name`` for a bare layer (prefix "")."""
+    return f"{prefix}.{name}" if prefix else name
+
+
+def is_ignored(prefix: str, ignore: list[str]) -> bool:
+    for pattern in ignore:
+        if pattern.startswith("re:"):
+            if re.match(pattern[3:], prefix):
+                return True
+        elif prefix == pattern or fnmatch.fnmatch(prefix, pattern) or prefix.endswith("." + pattern):
+            return True
+    return False
+
+
+def config_option(options: dict[str, Any], key: str, default: Any) -> Any:
+    """An option given directly, else from the checkpoint's ``quantization_config`` option, else ``default``."""
+    if key in options:
+        return options[key]
+    return (options.get("quantization_config") or {}).get(key, default)

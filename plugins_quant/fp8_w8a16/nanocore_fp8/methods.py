@@ -1,0 +1,155 @@
+"""``fp8_w8a16`` (fp8 weights, bf16/fp16 activations) and ``fp8_w8a8`` (fp8 x fp8 on ``torch._scaled_mm``).
+
+Checkpoint format (``quantization_config = {"quant_method": "fp8", "activation_scheme": ...}``):
+``<prefix>.weight`` fp8 e4m3 ``[N, K]``, ``<prefix>.weight_scale`` float ``[N, 1]`` (per output channel)
+or a scalar (per tensor, as other fp8 checkpoints store it), and with ``activation_scheme = "static"``
+a scalar ``<prefix>.input_scale``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nanocore.interfaces import LinearMethod, check_options
+from nanocore.interfaces.base import cuda_capability_reason, triton_reason
+from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, add_param, check_all_loaded, check_dtype,
+                                  mark_loaded,
+                                  config_option, quantizable_linears, quantize_fp8, quantize_fp8_per_row,
+                                  symmetric_scale, tensor_name)
+from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
+
+_OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
+_SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+
+
+class _Fp8Base(LinearMethod):
+    quant_method = "fp8"
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        super().__init__(options)
+        check_options(self.name, self.options, _OPTIONS)
+        self.kernel = self.options.get("kernel", "auto")
+        if self.kernel not in ("auto", "triton", "torch"):
+            raise ValueError(f"{self.name}: option kernel must be 'auto', 'triton' or 'torch', got {self.kernel!r}")
+        self.activation_scheme = config_option(self.options, "activation_scheme", "dynamic")
+        if self.activation_scheme not in ("dynamic", "static"):
+            raise ValueError(f"{self.name}: activation_scheme must be 'dynamic' or 'static', got {self.activation_scheme!r}")
+        if config_option(self.options, "weight_block_size", None):
+            raise CheckpointFormatError(f"{self.name}: block-wise fp8 checkpoints (weight_block_size) are not "
+                                        f"supported; use a per-channel or per-tensor fp8 checkpoint")
+
+    @classmethod
+    def supports(cls, device: torch.device) -> str | None:
+        if device.type in ("cpu", "cuda"):
+            return None if device.type == "cpu" else cuda_capability_reason(device, (8, 0), cls.name)
+        return f"{cls.name} runs on CPU (torch reference) or NVIDIA GPUs, not {device.type}"
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
+                       output_size, params_dtype, weight_loader):
+        n = sum(output_partition_sizes)
+        self.partition_sizes = list(output_partition_sizes)
+        self.per_tensor_scales: dict[int, float] = {}
+        add_param(layer, "weight", (n, input_size_per_partition), FP8_DTYPE, weight_loader, self.name,
+                  output_dim=0, input_dim=1)
+        scale = add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.name, output_dim=0)
+        scale.weight_loader = self._scale_loader(layer, scale.weight_loader)
+        if self.activation_scheme == "static":
+            add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
+
+    def _scale_loader(self, layer, loader):
+        def load(param, loaded, *args, **kwargs):
+            check_dtype(loaded, param.dtype, "weight_scale", self.name)
+            if loaded.numel() == 1:  # a per-tensor scale: spread over this shard's rows after loading
+                shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
+                index = 0 if shard_id is None else _SHARD_INDEX.get(shard_id, shard_id)
+                self.per_tensor_scales[int(index)] = float(loaded)
+                mark_loaded(layer, "weight_scale")
+                return None
+            return loader(param, loaded.reshape(-1, 1), *args, **kwargs)
+        return load
+
+    def process_weights_after_loading(self, layer):
+        names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
+        check_all_loaded(layer, names, self.name)
+        if self.per_tensor_scales:
+            rows = torch.tensor(self.partition_sizes)
+            values = torch.tensor([self.per_tensor_scales.get(i, 1.0) for i in range(len(rows))])
+            layer.weight_scale.data.copy_(values.repeat_interleave(rows).view(-1, 1))
+
+    def _use_triton(self, x: torch.Tensor) -> bool:
+        if self.kernel == "torch":
+            return False
+        usable = x.is_cuda and triton_reason(x.device, self.name) is None
+        if self.kernel == "triton" and not usable:
+            raise RuntimeError(f"{self.name}: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
+        return usable
+
+    @classmethod
+    def _quantize(cls, weights, calibration, scheme: str):
+        out = dict(weights)
+        for prefix in quantizable_linears(weights):
+            q, scale = quantize_fp8_per_row(weights[tensor_name(prefix, "weight")])
+            out[tensor_name(prefix, "weight")], out[tensor_name(prefix, "weight_scale")] = q, scale
+            if scheme == "static":
+                if not calibration or prefix not in calibration:
+                    raise ValueError(f"{cls.name} with static activation scales needs calibration activations "
+                                     f"for {prefix!r}: pass --calib-text (or use activation_scheme 'dynamic')")
+                out[tensor_name(prefix, "input_scale")] = symmetric_scale(calibration[prefix], FP8_MAX, dim=None).reshape(1)
+        return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
+
+
+def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
+    """Static input scales of merged q/k/v or gate/up shards: keep the largest (one scale per input)."""
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
+
+
+class Fp8W8A16LinearMethod(_Fp8Base):
+    """fp8 e4m3 weights, per-channel scales; activations stay in the model dtype."""
+
+    tolerance = (0.04, 0.04)  # e4m3 rounds to 1/16 relative; measured worst 0.039 of max|y| on random shapes
+
+    def apply(self, layer, x, bias=None):
+        if self._use_triton(x):
+            return fp8_linear_triton(x, layer.weight, layer.weight_scale, bias)
+        return fp8_linear_torch(x, layer.weight, layer.weight_scale, bias)
+
+    @classmethod
+    def quantize(cls, weights, calibration=None):
+        return cls._quantize(weights, calibration, "dynamic")
+
+
+class Fp8W8A8LinearMethod(_Fp8Base):
+    """fp8 weights and fp8 activations (per-token dynamic, or static per-tensor) on ``torch._scaled_mm``."""
+
+    tolerance = (0.07, 0.07)  # weights and activations each round to 1/16; measured worst 0.046
+    quant_method = None  # the fp8 checkpoint format auto-selects fp8_w8a16; choose this one by name
+
+    @classmethod
+    def supports(cls, device: torch.device) -> str | None:
+        if not hasattr(torch, "_scaled_mm"):
+            return f"{cls.name} needs torch._scaled_mm (torch >= 2.4)"
+        if device.type == "cuda":
+            return cuda_capability_reason(device, (8, 9), f"{cls.name} (fp8 tensor cores)")
+        return None if device.type == "cpu" else f"{cls.name} runs on CPU or NVIDIA GPUs, not {device.type}"
+
+    def apply(self, layer, x, bias=None):
+        lead, k = x.shape[:-1], x.shape[-1]
+        x2 = x.reshape(-1, k)
+        if self.activation_scheme == "static":
+            x_scale = layer.input_scale.view(1, 1).expand(x2.shape[0], 1).contiguous()
+            xq = quantize_fp8(x2, x_scale)
+        else:
+            xq, x_scale = quantize_fp8_per_row(x2)
+        out_dtype = torch.bfloat16 if x.is_cuda else x.dtype  # CUDA row-wise scaling emits bf16 only
+        y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale.view(1, -1),
+                             out_dtype=out_dtype)
+        y = y.to(x.dtype)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*lead, -1)
+
+    @classmethod
+    def quantize(cls, weights, calibration=None):
+        scheme = "static" if calibration else "dynamic"
+        return cls._quantize(weights, calibration, scheme)

@@ -1,0 +1,125 @@
+"""fp8 methods: apply numerics, loading through the parallel layers (merged, TP shards), bad checkpoints."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanocore.distributed import ParallelContext
+from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanocore.quant_utils import CheckpointFormatError
+from nanocore_fp8 import Fp8W8A8LinearMethod, Fp8W8A16LinearMethod
+
+METHODS = [Fp8W8A16LinearMethod, Fp8W8A8LinearMethod]
+
+
+def quantized(cls, weight, calibration=None):
+    tensors, config = cls.quantize({"layer.weight": weight}, calibration)
+    return {k.split(".", 1)[1]: v for k, v in tensors.items()}, config
+
+
+def load(layer, tensors, shard_id=None):
+    for name, tensor in tensors.items():
+        param = getattr(layer, name)
+        param.weight_loader(param, tensor, *(() if shard_id is None else (shard_id,)))
+
+
+@pytest.mark.parametrize("cls", METHODS)
+@pytest.mark.parametrize("m", [1, 2, 7, 33, 128])
+def test_apply_vs_dequantized_linear_and_oracle(cls, m):
+    torch.manual_seed(m)
+    w, x, bias = torch.randn(48, 64) / 8, torch.randn(m, 64), torch.randn(48)
+    layer = RowParallelLinear(64, 48, bias=False, linear_method=cls(), parallel=ParallelContext(),
+                              params_dtype=torch.float32)
+    load(layer, quantized(cls, w)[0])
+    layer.linear_method.process_weights_after_loading(layer)
+    got = layer.linear_method.apply(layer, x, bias)
+    dequantized = layer.weight.float() * layer.weight_scale
+    if cls is Fp8W8A16LinearMethod:
+        torch.testing.assert_close(got, F.linear(x, dequantized, bias), rtol=1e-5, atol=1e-5)
+    expected = F.linear(x, w, bias)
+    atol, rtol = cls.tolerance
+    assert ((got - expected).abs() <= atol * expected.abs().max() + rtol * expected.abs()).all()
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_qkv_and_gate_up_load_tp_shards(tp_rank):
+    parallel = ParallelContext(tp_rank=tp_rank, tp_size=2)
+    qkv = QKVParallelLinear(32, 8, 4, 2, linear_method=Fp8W8A16LinearMethod(), parallel=parallel,
+                            params_dtype=torch.float32)
+    full = {s: torch.randn(rows, 32) for s, rows in (("q", 32), ("k", 16), ("v", 16))}
+    for shard_id, w in full.items():
+        load(qkv, quantized(Fp8W8A16LinearMethod, w)[0], shard_id)
+    expected = torch.cat([full["q"].chunk(2)[tp_rank], full["k"].chunk(2)[tp_rank], full["v"].chunk(2)[tp_rank]])
+    dequantized = qkv.weight.float() * qkv.weight_scale
+    assert ((dequantized - expected).abs() <= 0.07 * expected.abs() + 1e-6).all()
+
+    gate_up = MergedColumnParallelLinear(32, [24, 24], linear_method=Fp8W8A16LinearMethod(), parallel=parallel,
+                                         params_dtype=torch.float32)
+    halves = [torch.randn(24, 32), torch.randn(24, 32)]
+    for i, w in enumerate(halves):
+        load(gate_up, quantized(Fp8W8A16LinearMethod, w)[0], i)
+    expected = torch.cat([h.chunk(2)[tp_rank] for h in halves])
+    assert ((gate_up.weight.float() * gate_up.weight_scale - expected).abs() <= 0.07 * expected.abs() + 1e-6).all()
+
+
+def test_row_parallel_shards_the_input_dim():
+    w = torch.randn(16, 64)
+    tensors = quantized(Fp8W8A16LinearMethod, w)[0]
+    x = torch.randn(3, 64)
+    partial = []
+    for rank in (0, 1):
+        layer = RowParallelLinear(64, 16, linear_method=Fp8W8A16LinearMethod(),
+                                  parallel=ParallelContext(tp_rank=rank, tp_size=2), params_dtype=torch.float32)
+        load(layer, tensors)
+        partial.append(layer.linear_method.apply(layer, x.chunk(2, dim=1)[rank]))
+    expected = x @ (tensors["weight"].float() * tensors["weight_scale"]).t()
+    torch.testing.assert_close(partial[0] + partial[1], expected, rtol=1e-4, atol=1e-4)
+
+
+def test_per_tensor_scales_of_merged_shards():
+    layer = MergedColumnParallelLinear(16, [8, 8], linear_method=Fp8W8A16LinearMethod(), parallel=ParallelContext(),
+                                       params_dtype=torch.float32)
+    for i, s in enumerate((0.5, 2.0)):
+        load(layer, {"weight": torch.randn(8, 16).to(torch.float8_e4m3fn), "weight_scale": torch.tensor(s)}, i)
+    layer.linear_method.process_weights_after_loading(layer)
+    assert layer.weight_scale.view(-1).tolist() == [0.5] * 8 + [2.0] * 8
+
+
+def test_static_input_scale_takes_the_max_over_shards():
+    method = Fp8W8A8LinearMethod({"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}})
+    layer = MergedColumnParallelLinear(16, [8, 8], linear_method=method, parallel=ParallelContext(),
+                                       params_dtype=torch.float32)
+    x = torch.randn(20, 16)
+    for i in range(2):
+        tensors, config = quantized(Fp8W8A8LinearMethod, torch.randn(8, 16), {"layer": x * (i + 1)})
+        load(layer, tensors, i)
+    assert config["activation_scheme"] == "static"
+    method.process_weights_after_loading(layer)
+    assert layer.input_scale.item() == pytest.approx(float((2 * x).abs().max()) / 448)
+    assert method.apply(layer, x).shape == (20, 16)
+
+
+def test_wrong_dtype_and_missing_tensor_are_clear_errors():
+    layer = RowParallelLinear(16, 8, linear_method=Fp8W8A16LinearMethod(), parallel=ParallelContext(),
+                              params_dtype=torch.bfloat16)
+    with pytest.raises(CheckpointFormatError, match="dtype torch.bfloat16, expected torch.float8_e4m3fn"):
+        layer.weight.weight_loader(layer.weight, torch.randn(8, 16, dtype=torch.bfloat16))
+    layer.weight.weight_loader(layer.weight, torch.randn(8, 16).to(torch.float8_e4m3fn))
+    with pytest.raises(CheckpointFormatError, match="no \\['weight_scale'\\]"):
+        layer.linear_method.process_weights_after_loading(layer)
+    with pytest.raises(CheckpointFormatError, match="does not fit"):
+        layer.weight_scale.weight_loader(layer.weight_scale, torch.ones(9, 1))
+    with pytest.raises(CheckpointFormatError, match="block-wise"):
+        Fp8W8A16LinearMethod({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+
+
+def test_quantize_keeps_embeddings_norms_and_lm_head():
+    weights = {"model.embed_tokens.weight": torch.randn(10, 8), "model.norm.weight": torch.ones(8),
+               "lm_head.weight": torch.randn(10, 8), "model.layers.0.mlp.down_proj.weight": torch.randn(8, 16)}
+    tensors, config = Fp8W8A16LinearMethod.quantize(weights)
+    assert config == {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": []}
+    assert tensors["model.layers.0.mlp.down_proj.weight"].dtype == torch.float8_e4m3fn
+    assert tensors["model.layers.0.mlp.down_proj.weight_scale"].shape == (8, 1)
+    for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
+        assert tensors[name] is weights[name]
+    with pytest.raises(ValueError, match="calibration"):
+        Fp8W8A8LinearMethod._quantize(weights, None, "static")
