@@ -1,0 +1,23 @@
+"""Gated activations of the MLP: the input holds [gate | up] from one merged GEMM."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SiluAndMul(nn.Module):
+    """``silu(gate) * up`` for ``x = [gate | up]`` along the last dimension."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = x.chunk(2, dim=-1)
+        return F.silu(gate) * up
+
+
+ACTIVATIONS = {"silu": SiluAndMul}
+
+
+def get_gated_activation(name: str) -> nn.Module:
+    if name not in ACTIVATIONS:
+        raise ValueError(f"hidden_act {name!r} is not supported; supported: {sorted(ACTIVATIONS)}")
+    return ACTIVATIONS[name]()
