@@ -1,0 +1,192 @@
+"""``load_model``: from an EngineConfig to a model with weights, its tokenizer and limits."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from nanocore.config import EngineConfig
+from nanocore.distributed import ParallelContext
+from nanocore.interfaces import MoEExecutor
+from nanocore.loader.default_model import default_model_path
+from nanocore.loader.dummy import init_dummy_weights
+from nanocore.loader.presets import list_presets, preset_config
+from nanocore.loader.safetensors_io import checkpoint_files, iterate_weights
+from nanocore.models import ModelBuildContext, build_model, check_all_loaded
+from nanocore.plugins import AUTO, BackendEntry, get_registry
+
+DUMMY_PREFIX = "dummy:"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module
+    hf_config: Any
+    dtype: torch.dtype
+    #: Checkpoint folder; None for dummy weights.
+    model_path: Path | None
+    tokenizer: Any | None
+    eos_token_ids: list[int]
+    max_model_len: int
+    #: Registered name of the linear method every layer uses.
+    linear_method: str
+    moe_executor: MoEExecutor | None
+
+
+def load_model(config: EngineConfig, device: torch.device | str, parallel: ParallelContext | None = None) -> LoadedModel:
+    device, parallel = torch.device(device), parallel or ParallelContext()
+    hf_config, model_path = resolve_model_source(config.model)
+    dtype = resolve_dtype(config.dtype, hf_config, device)
+    entry, options = resolve_linear_method(config.linear_method, config.linear_method_options, hf_config, device)
+    entry.cls(dict(options))  # surface option errors once, before building hundreds of layers
+    moe_executor = resolve_moe_executor(config, hf_config, device)
+    build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,
+                              linear_method_factory=lambda prefix: entry.cls(dict(options)),
+                              moe_executor=moe_executor)
+    model = build_model(hf_config, build)
+    with torch.no_grad():
+        if model_path is None:
+            init_dummy_weights(model, config.seed)
+        else:
+            files = checkpoint_files(model_path)
+            check_all_loaded(model, model.load_weights(iterate_weights(files)), str(model_path))
+        for layer in model.linear_layers():
+            layer.linear_method.process_weights_after_loading(layer)
+    tokenizer_path = Path(config.tokenizer).expanduser() if config.tokenizer else model_path
+    return LoadedModel(
+        model=model.eval(), hf_config=hf_config, dtype=dtype, model_path=model_path,
+        tokenizer=load_tokenizer(tokenizer_path, explicit=config.tokenizer is not None),
+        eos_token_ids=eos_token_ids(hf_config, model_path),
+        max_model_len=resolve_max_model_len(config.max_model_len, hf_config),
+        linear_method=entry.name, moe_executor=moe_executor,
+    )
+
+
+def resolve_model_source(model: str) -> tuple[Any, Path | None]:
+    """(HF config, checkpoint folder or None for dummy weights) of a model name."""
+    from transformers import AutoConfig
+
+    if model.startswith(DUMMY_PREFIX):
+        return preset_config(model[len(DUMMY_PREFIX):]), None
+    path = default_model_path() if model == "default" else Path(model).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(
+            f"model {model!r} is not a checkpoint folder; use a folder with config.json and *.safetensors, "
+            f"'default', or 'dummy:PRESET' with PRESET in {list_presets()} (nanocore never downloads)")
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} has no config.json; point model= at the folder of a Hugging Face checkpoint")
+    return AutoConfig.from_pretrained(path), path
+
+
+def checkpoint_dtype(hf_config) -> torch.dtype | None:
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(value, str):
+        value = _DTYPES.get(value)
+    return value if value in _DTYPES.values() else None
+
+
+def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
+    """Explicit dtype, else the checkpoint's on CUDA (bfloat16 if it declares none) and float32 on CPU."""
+    if name != "auto":
+        return _DTYPES[name]
+    if device.type != "cuda":
+        return torch.float32
+    return checkpoint_dtype(hf_config) or torch.bfloat16
+
+
+def quantization_config(hf_config) -> dict | None:
+    qc = getattr(hf_config, "quantization_config", None)
+    if qc is not None and not isinstance(qc, dict):
+        qc = qc.to_dict()
+    return qc or None
+
+
+def resolve_linear_method(name: str, options: dict, hf_config, device: torch.device) -> tuple[BackendEntry, dict]:
+    """The linear-method entry for this checkpoint, and its options (plus the checkpoint's quantization_config).
+
+    ``auto``: the installed method whose ``quant_method`` is the checkpoint's, else ``unquantized``.
+    """
+    registry, qc = get_registry(), quantization_config(hf_config)
+    quant = qc.get("quant_method") if qc else None
+    matching = sorted((e for es in registry.entries["linear_method"].values() for e in es
+                       if quant is not None and e.cls.quant_method == quant), key=lambda e: e.name)
+    if name != AUTO:
+        entry = registry.resolve("linear_method", name, device)
+        if quant is not None and entry.cls.quant_method != quant:
+            raise ValueError(
+                f"the checkpoint is quantized (quant_method {quant!r}) but linear_method {name!r} loads "
+                f"{entry.cls.quant_method or 'unquantized'!r} checkpoints; use linear_method='auto' or one of "
+                f"{[e.name for e in matching] or 'the plugin for ' + repr(quant) + ' (none installed)'}")
+    elif quant is not None:
+        entry = _best_supported(matching, quant, device)
+    else:
+        entry = registry.resolve("linear_method", "unquantized", device)
+    options = dict(options)
+    if quant is not None:
+        options.setdefault("quantization_config", qc)
+    return entry, options
+
+
+def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.device) -> BackendEntry:
+    if not candidates:
+        installed = get_registry().names("linear_method")
+        raise ValueError(
+            f"the checkpoint is quantized with quant_method {quant!r} but no installed linear method loads it "
+            f"(installed: {installed}); install the nanocore plugin for {quant!r} ('nanocore plugins' lists them)")
+    reasons = {e.name: e.cls.supports(device) for e in candidates}
+    supported = [e for e in candidates if reasons[e.name] is None]
+    if not supported:
+        raise ValueError(f"no installed linear method for quant_method {quant!r} runs on {device}: "
+                         + "; ".join(f"{n}: {r}" for n, r in reasons.items()))
+    return max(supported, key=lambda e: e.cls.auto_priority if e.cls.auto_priority is not None else -1)
+
+
+def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) -> MoEExecutor | None:
+    """An executor instance for MoE architectures, None for dense ones."""
+    if not (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)):
+        return None
+    name, options = config.backend("moe_executor")
+    return get_registry().resolve("moe_executor", name, device).cls(dict(options))
+
+
+def resolve_max_model_len(requested: int | None, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if requested is None:
+        if limit is None:
+            raise ValueError("config.json has no max_position_embeddings; set max_model_len explicitly")
+        return int(limit)
+    if limit is not None and requested > limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's max_position_embeddings {limit}; "
+                         f"lower max_model_len")
+    return requested
+
+
+def eos_token_ids(hf_config, model_path: Path | None) -> list[int]:
+    """End-of-sequence ids from generation_config.json, then config.json, without duplicates."""
+    sources = []
+    if model_path is not None and (model_path / "generation_config.json").is_file():
+        sources.append(json.loads((model_path / "generation_config.json").read_text()).get("eos_token_id"))
+    sources.append(getattr(hf_config, "eos_token_id", None))
+    ids: list[int] = []
+    for value in sources:
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def load_tokenizer(path: Path | None, explicit: bool = False):
+    """The tokenizer in ``path``, or None when there is none (dummy weights, weight-only folders)."""
+    if path is None:
+        return None
+    has_files = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
+    if not has_files and not explicit:
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
