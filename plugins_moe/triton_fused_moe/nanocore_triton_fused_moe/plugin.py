@@ -1,0 +1,8 @@
+"""Registers the ``triton_fused_moe`` MoE executor with nanocore."""
+from nanocore.hookspecs import hookimpl
+from nanocore_triton_fused_moe.executor import TritonFusedMoEExecutor
+
+
+@hookimpl
+def nanocore_moe_executors():
+    return {"triton_fused_moe": TritonFusedMoEExecutor}
