@@ -21,14 +21,13 @@ from nanocore.interfaces import PrefixCache
 class RefBlock:
     block_id: int
     prefix: tuple[int, ...]  # every token up to the end of this block
-    parent: int | None  # instance number of the block before it in the chain
-    instance: int
     released: bool = False
     last_released: int = 0
 
 
 class ReferencePrefixCache:
-    """Linear scans over a dict. ``leaves_only``: evict only blocks no cached block chains from (radix)."""
+    """A dict from token prefix to block, first publisher wins. ``leaves_only``: evict only blocks whose
+    prefix no other cached block extends (radix); otherwise any released block (hash)."""
 
     def __init__(self, block_size: int, leaves_only: bool):
         self.block_size = block_size
@@ -36,31 +35,25 @@ class ReferencePrefixCache:
         self.blocks: dict[int, RefBlock] = {}
         self._clock = itertools.count(1)
 
-    def _find(self, prefix: tuple[int, ...], parent: int | None) -> RefBlock | None:
-        found = [b for b in self.blocks.values() if b.prefix == prefix and b.parent == parent]
-        assert len(found) <= 1, "reference model invariant: one cached block per (prefix, parent)"
-        return found[0] if found else None
-
-    def _walk(self, token_ids: Sequence[int], block_ids: Sequence[int] | None) -> list[int]:
-        num = len(token_ids) // self.block_size if block_ids is None else len(block_ids)
-        parent, hits = None, []
-        for i in range(num):
-            prefix = tuple(token_ids[:(i + 1) * self.block_size])
-            block = self._find(prefix, parent)
-            if block is None:
-                if block_ids is None:
-                    break
-                block = RefBlock(block_ids[i], prefix, parent, next(self._clock))
-                self.blocks[block.block_id] = block
-            hits.append(block.block_id)
-            parent = block.instance
-        return hits
+    def _by_prefix(self) -> dict[tuple[int, ...], RefBlock]:
+        return {b.prefix: b for b in self.blocks.values()}
 
     def match(self, token_ids: Sequence[int]) -> list[int]:
-        return self._walk(token_ids, None)
+        by_prefix, hits = self._by_prefix(), []
+        for end in range(self.block_size, len(token_ids) + 1, self.block_size):
+            block = by_prefix.get(tuple(token_ids[:end]))
+            if block is None:
+                break
+            hits.append(block.block_id)
+        return hits
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> None:
-        self._walk(token_ids, block_ids)
+        by_prefix = self._by_prefix()
+        for i, block_id in enumerate(block_ids):
+            prefix = tuple(token_ids[:(i + 1) * self.block_size])
+            if prefix not in by_prefix:
+                assert block_id not in self.blocks, "the simulation never re-inserts a cached block"
+                self.blocks[block_id] = by_prefix[prefix] = RefBlock(block_id, prefix)
 
     def acquire(self, block_id: int) -> None:
         self.blocks[block_id].released = False
@@ -73,9 +66,9 @@ class ReferencePrefixCache:
         return True
 
     def evictable(self) -> list[RefBlock]:
-        parents = {b.parent for b in self.blocks.values()}
+        parents = {b.prefix[:-self.block_size] for b in self.blocks.values()}
         return [b for b in self.blocks.values()
-                if b.released and not (self.leaves_only and b.instance in parents)]
+                if b.released and not (self.leaves_only and b.prefix in parents)]
 
     def evict(self) -> int | None:
         candidates = self.evictable()

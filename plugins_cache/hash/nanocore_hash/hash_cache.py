@@ -2,9 +2,10 @@
 
 A block's key is xxhash64 over its parent's key and its own token ids, so one lookup per block walks a
 prefix. A hit is verified: the entry's token ids must equal the block's and its parent must be the entry
-matched one block earlier (object identity, so neither a hash collision nor a reused block id can
-return KV computed for other tokens). Released blocks are evicted least recently released first; a
-block whose parent was evicted stays cached but unreachable until the LRU reaches it.
+matched one block earlier (object identity, so a hash collision can never return KV computed for other
+tokens). Entries stand for token prefixes: evicting a block empties its entry, which stays in the table
+while cached descendants hang from it, so re-publishing that prefix makes them reachable again.
+Released blocks are evicted least recently released first.
 """
 from __future__ import annotations
 
@@ -22,10 +23,13 @@ ROOT_KEY = 0
 
 @dataclass(eq=False)
 class Entry:
-    block_id: int
+    """One token prefix. ``block_id`` is None once evicted; the entry lives on while it has children."""
+
     key: int
     token_ids: tuple[int, ...]
     parent: Entry | None = field(repr=False)
+    block_id: int | None = None
+    num_children: int = 0
 
 
 def chained_block_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
@@ -38,7 +42,7 @@ class HashPrefixCache(PrefixCache):
 
     def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
         super().__init__(block_size, num_blocks, check_options("hash", dict(options or {}), {}))
-        # key -> entries with that key; more than one only after a collision or an evicted parent
+        # key -> entries with that key; more than one only after a hash collision
         self._table: dict[int, list[Entry]] = {}
         self._by_block: dict[int, Entry] = {}
         self._evictable = EvictableLRU()
@@ -58,7 +62,7 @@ class HashPrefixCache(PrefixCache):
         parent: Entry | None = None
         for block in blocks:
             entry = self._find(self.block_hash(parent.key if parent else ROOT_KEY, block), block, parent)
-            if entry is None:
+            if entry is None or entry.block_id is None:
                 break
             hits.append(entry.block_id)
             parent = entry
@@ -70,21 +74,38 @@ class HashPrefixCache(PrefixCache):
         parent: Entry | None = None
         for block_id, block in zip(block_ids, full_blocks(token_ids, self.block_size, len(block_ids))):
             key = self.block_hash(parent.key if parent else ROOT_KEY, block)
-            entry = self._find(key, block, parent)
-            if entry is None:
-                entry = self._publish(block_id, key, block, parent)
-            parent = entry  # an entry already published under another block id keeps serving this prefix
+            entry = self._find(key, block, parent) or self._add_entry(key, block, parent)
+            if entry.block_id is None:
+                self._publish(entry, block_id)
+            parent = entry  # an entry published under another block id keeps serving this prefix
 
-    def _publish(self, block_id: int, key: int, block: tuple[int, ...], parent: Entry | None) -> Entry:
+    def _add_entry(self, key: int, block: tuple[int, ...], parent: Entry | None) -> Entry:
+        entry = Entry(key, block, parent)
+        self._table.setdefault(key, []).append(entry)
+        if parent is not None:
+            parent.num_children += 1
+        return entry
+
+    def _publish(self, entry: Entry, block_id: int) -> None:
         if block_id in self._by_block:
+            self._prune(entry)
             raise ValueError(
                 f"block {block_id} is already cached for other tokens; insert only blocks the BlockManager "
                 f"allocated fresh (or evicted) for these tokens"
             )
-        entry = Entry(block_id, key, block, parent)
-        self._table.setdefault(key, []).append(entry)
+        entry.block_id = block_id
         self._by_block[block_id] = entry
-        return entry
+
+    def _prune(self, entry: Entry | None) -> None:
+        """Drop entries that hold no block and have no children, walking up the chain."""
+        while entry is not None and entry.block_id is None and entry.num_children == 0:
+            bucket = self._table[entry.key]
+            bucket.remove(entry)
+            if not bucket:
+                del self._table[entry.key]
+            if entry.parent is not None:
+                entry.parent.num_children -= 1
+            entry = entry.parent
 
     def acquire(self, block_id: int) -> None:
         if block_id not in self._by_block:
@@ -102,10 +123,8 @@ class HashPrefixCache(PrefixCache):
         if block_id is None:
             return None
         entry = self._by_block.pop(block_id)
-        bucket = self._table[entry.key]
-        bucket.remove(entry)
-        if not bucket:
-            del self._table[entry.key]
+        entry.block_id = None
+        self._prune(entry)
         self._counters.evictions += 1
         return block_id
 

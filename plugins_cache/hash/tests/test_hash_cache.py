@@ -33,18 +33,22 @@ def test_collision_never_returns_wrong_kv():
     assert cache.match([1, 2, 5, 6]) == [0]
 
 
-def test_evicted_parent_makes_children_unreachable_even_if_its_id_is_reused():
+def test_children_of_an_evicted_block_return_once_its_prefix_is_published_again():
     class Colliding(HashPrefixCache):
         block_hash = staticmethod(lambda parent, tokens: 7)
     cache = Colliding(block_size=2, num_blocks=8)
     cache.insert([1, 2, 3, 4], [0, 1])
-    cache.release(1)
     cache.release(0)
-    assert cache.evict() == 1 and cache.evict() == 0
-    cache.insert([1, 2, 3, 4], [0, 2])
-    cache.insert([8, 8], [1])  # block 1 reused for other tokens
-    assert cache.match([1, 2, 3, 4]) == [0, 2]
-    assert cache.match([8, 8, 3, 4]) == [1]
+    assert cache.evict() == 0
+    assert cache.match([1, 2, 3, 4]) == []
+    cache.insert([8, 8], [0])  # block 0 reused for other tokens: block 1 must not hang from it
+    assert cache.match([8, 8, 3, 4]) == [0]
+    cache.insert([1, 2], [2])
+    assert cache.match([1, 2, 3, 4]) == [2, 1]
+    cache.release(1)
+    cache.release(2)
+    assert [cache.evict(), cache.evict(), cache.evict()] == [1, 2, None]
+    assert cache._table.keys() == {7} and len(cache._table[7]) == 1  # emptied entries are dropped
 
 
 def test_lru_evicts_least_recently_released_and_acquire_protects():
