@@ -33,9 +33,10 @@ def clone(cache):
 
 def run_both(layout, dtype, num_kv_heads=2, head_dim=64, block_size=16, num_tokens=37, device=DEVICE, seed=0):
     torch.manual_seed(seed)
-    cache = allocate(layout, 8, block_size, num_kv_heads, head_dim, device)
+    num_blocks = -(-num_tokens // block_size) + 4
+    cache = allocate(layout, num_blocks, block_size, num_kv_heads, head_dim, device)
     twin = clone(cache)
-    slots = torch.randperm(8 * block_size, device=device)[:num_tokens]
+    slots = torch.randperm(num_blocks * block_size, device=device)[:num_tokens]
     slots[::5] = -1  # padding tokens
     kv = torch.randn(num_tokens, 2 * num_kv_heads, head_dim, device=device).to(dtype)
     k, v = kv[:, :num_kv_heads], kv[:, num_kv_heads:]  # strided views, as split from a fused qkv

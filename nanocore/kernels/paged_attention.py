@@ -21,7 +21,7 @@ from nanocore.interfaces import KVCache, KVLayout
 #: Scale granularity -> constexpr code used by the kernels.
 SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 #: Initial running max: finite, so a row that sees no key in a split never computes inf - inf.
-_NEG_INIT = -1.0e30
+_NEG_INIT = tl.constexpr(-1.0e30)
 LOG2E = 1.4426950408889634
 
 
