@@ -12,12 +12,11 @@ ARCHITECTURES: dict[str, str] = {
     "LlamaForCausalLM": "nanocore.models.llama:LlamaForCausalLM",
     "Qwen2ForCausalLM": "nanocore.models.qwen2:Qwen2ForCausalLM",
     "Qwen3ForCausalLM": "nanocore.models.qwen3:Qwen3ForCausalLM",
+    "Qwen2MoeForCausalLM": "nanocore.models.qwen2_moe:Qwen2MoeForCausalLM",
+    "Qwen3MoeForCausalLM": "nanocore.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
 #: Known architectures whose model code has not landed yet, with why.
-PLANNED: dict[str, str] = {
-    "Qwen2MoeForCausalLM": "MoE models (qwen2_moe) come with the MoE layer",
-    "Qwen3MoeForCausalLM": "MoE models (qwen3_moe) come with the MoE layer",
-}
+PLANNED: dict[str, str] = {}
 
 
 def supported_architectures() -> list[str]:

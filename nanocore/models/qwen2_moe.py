@@ -1,0 +1,81 @@
+"""Qwen2-MoE (Qwen1.5-MoE): the Qwen2 decoder whose MLP is a sparse MoE block plus a gated shared expert.
+
+    x -> router softmax top-k -> routed experts (FusedMoE: prepare/finalize + MoEExecutor)
+      + sigmoid(shared_expert_gate x) * shared_expert(x)
+
+Layers listed in ``mlp_only_layers`` (or off the ``decoder_sparse_step`` grid) keep a dense MLP.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from nanocore.builtin.eager_moe import EagerMoEExecutor
+from nanocore.layers.moe import FusedMoE, Router, match_expert_weight
+from nanocore.models.decoder import DecoderForCausalLM, DecoderOptions, GatedMLP
+
+
+class SparseMoeBlock(nn.Module):
+    """Router + routed experts, and the shared expert with its sigmoid gate when the config has one."""
+
+    def __init__(self, cfg, build, opts: DecoderOptions, prefix: str):
+        super().__init__()
+        self.gate = Router(cfg.hidden_size, cfg.num_experts, build.dtype)
+        self.experts = FusedMoE(
+            cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
+            executor=build.moe_executor or EagerMoEExecutor(), parallel=build.parallel,
+            renormalize=bool(getattr(cfg, "norm_topk_prob", False)), params_dtype=build.dtype,
+            activation=getattr(cfg, "hidden_act", "silu"),
+        )
+        shared = getattr(cfg, "shared_expert_intermediate_size", 0) or 0
+        self.shared_expert = GatedMLP(cfg, build, opts, f"{prefix}.shared_expert", shared) if shared else None
+        self.shared_expert_gate = Router(cfg.hidden_size, 1, build.dtype) if shared else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.experts(x, self.gate(x))
+        if self.shared_expert is not None:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out
+
+
+def is_sparse_layer(cfg, layer_idx: int) -> bool:
+    """HF's rule: not in ``mlp_only_layers`` and on the ``decoder_sparse_step`` grid."""
+    mlp_only = getattr(cfg, "mlp_only_layers", None) or []
+    step = getattr(cfg, "decoder_sparse_step", 1) or 1
+    return layer_idx not in mlp_only and cfg.num_experts > 0 and (layer_idx + 1) % step == 0
+
+
+class MoEDecoderForCausalLM(DecoderForCausalLM):
+    """A Llama-family decoder with sparse MoE MLPs; per-expert checkpoint tensors load into w13 / w2."""
+
+    def make_mlp(self, prefix: str, layer_idx: int) -> nn.Module:
+        if is_sparse_layer(self.config, layer_idx):
+            return SparseMoeBlock(self.config, self.build, self.options, prefix)
+        return GatedMLP(self.config, self.build, self.options, prefix)
+
+    def map_name(self, hf_name: str) -> tuple[str, tuple]:
+        expert = match_expert_weight(hf_name)
+        if expert is not None:
+            name, expert_id, shard_id = expert
+            return name, (expert_id, shard_id)
+        return super().map_name(hf_name)
+
+    def _loaded_keys(self, name: str, loader_args: tuple) -> set[str]:
+        if len(loader_args) == 2:  # one expert's shard: track it so a missing expert is reported
+            return {f"{name}[{loader_args[0]}.{loader_args[1]}]"}
+        return super()._loaded_keys(name, loader_args)
+
+    def expected_weight_keys(self) -> set[str]:
+        keys = super().expected_weight_keys()
+        for prefix, module in self.named_modules():
+            if isinstance(module, FusedMoE):
+                keys -= {f"{prefix}.w13", f"{prefix}.w2"}
+                for e in range(module.num_experts):
+                    keys |= {f"{prefix}.w13[{e}.w1]", f"{prefix}.w13[{e}.w3]", f"{prefix}.w2[{e}.w2]"}
+        return keys
+
+
+class Qwen2MoeForCausalLM(MoEDecoderForCausalLM):
+    @classmethod
+    def decoder_options(cls, cfg) -> DecoderOptions:
+        return DecoderOptions(qkv_bias=bool(getattr(cfg, "qkv_bias", True)))
