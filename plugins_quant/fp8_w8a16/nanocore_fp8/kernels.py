@@ -1,121 +1,12 @@
-"""Triton fp8-weight GEMMs (dequantize in registers) and their torch twin.
-
-``y = (x @ W8^T) * scale + bias`` with ``W8`` fp8 e4m3 ``[N, K]`` and ``scale`` float32 per output
-channel. The kernels read the fp8 bytes as uint8 and widen them with integer ops (no hardware fp8
-needed, and the Triton interpreter runs them): e4m3 bits shifted into an fp16 are the value / 256,
-so 256 is folded into the per-channel scale.
-"""
+"""fp8-weight GEMMs: the Triton kernels live once in the core (``nanocore.kernels.quant_gemm``, shared with
+int8); this module names them for fp8 and keeps the torch twin beside them."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # CPU-only installs use the torch twin
-    triton = None
+#: The torch twin: dequantize the fp8 weight, then ``F.linear``.
+fp8_linear_torch = weight_only_linear_torch
+#: ``x [..., K]`` times fp8 ``weight [N, K]`` with per-channel ``scale``: Triton GEMM, GEMV for M <= 8.
+fp8_linear_triton = weight_only_linear
 
-#: M at or below which the GEMV-style decode kernel runs instead of the tiled GEMM.
-DECODE_MAX_M = 8
-
-
-def fp8_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-    """The torch twin: dequantize the weight, then ``F.linear``."""
-    w = (weight.float() * scale.float().view(-1, 1)).to(x.dtype)
-    return F.linear(x, w, bias)
-
-
-def fp8_linear_triton(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-    """``x [..., K]`` (fp16/bf16/fp32) times fp8 ``weight [N, K]`` with ``scale [N]``; decode path for small M."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    if k != weight.shape[1]:
-        raise ValueError(f"input has {k} features, the fp8 weight expects {weight.shape[1]}")
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    m, n = x2.shape[0], weight.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    if m == 0:
-        return y.reshape(*lead, n)
-    w_bits = weight.view(torch.uint8)
-    s = scale.reshape(-1).float()
-    b = bias if bias is not None else s  # placeholder pointer when there is no bias
-    if m <= DECODE_MAX_M:
-        block_m = triton.next_power_of_2(m)
-        grid = (triton.cdiv(n, 32), )
-        _fp8_gemv_kernel[grid](x2, w_bits, s, b, y, m, n, k, x2.stride(0), w_bits.stride(0), y.stride(0),
-                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=32,
-                               BLOCK_K=128 if block_m <= 2 else 64, num_warps=4)
-    else:
-        block_m = 32 if m <= 32 else (64 if m <= 64 else 128)
-        block_n, block_k = (128, 64) if block_m == 128 else (64, 128)
-        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), )
-        _fp8_gemm_kernel[grid](x2, w_bits, s, b, y, m, n, k, x2.stride(0), w_bits.stride(0), y.stride(0),
-                               HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                               GROUP_M=8, num_warps=8 if block_m == 128 else 4, num_stages=3)
-    return y.reshape(*lead, n)
-
-
-if triton is not None:
-    @triton.jit
-    def _e4m3_bits_to_fp16(bits):
-        """fp8 e4m3 bit patterns (uint8) -> fp16 holding value / 256 (exact, subnormals included)."""
-        b = bits.to(tl.int16)
-        h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-        return h.to(tl.float16, bitcast=True)
-
-    @triton.jit
-    def _fp8_gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
-        grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        # grouped launch order: neighbouring programs share weight tiles in L2
-        group = pid // (GROUP_M * grid_n)
-        first_m = group * GROUP_M
-        size_m = min(grid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
-        pid_n = (pid % (GROUP_M * grid_n)) // size_m
-        offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + offs_k
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
-                        mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
-            bits = tl.load(w_ptr + offs_n[None, :] * stride_wn + ks[:, None],
-                           mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=0)
-            acc = tl.dot(x, _e4m3_bits_to_fp16(bits).to(x.dtype), acc)
-        scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0) * 256.0
-        acc = acc * scale[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-    @triton.jit
-    def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                         HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                         BLOCK_K: tl.constexpr):
-        # decode: every program streams BLOCK_N weight rows once for all M (<= 8) tokens
-        pid_n = tl.program_id(0)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + offs_k
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
-                        mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0).to(tl.float32)
-            bits = tl.load(w_ptr + offs_n[:, None] * stride_wn + ks[None, :],
-                           mask=(offs_n[:, None] < N) & (ks[None, :] < K), other=0)
-            w = _e4m3_bits_to_fp16(bits).to(tl.float32)
-            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0) * 256.0
-        acc = acc * scale[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
+__all__ = ["DECODE_MAX_M", "fp8_linear_torch", "fp8_linear_triton"]

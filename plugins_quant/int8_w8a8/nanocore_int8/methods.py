@@ -1,0 +1,143 @@
+"""``int8_w8a8`` (int8 x int8 GEMM, ``torch._int_mm``) and ``int8_w8a16`` (int8 weights, Triton dequantizing GEMM).
+
+Checkpoint format: compressed-tensors ``int-quantized``: ``<prefix>.weight`` int8 ``[N, K]``,
+``<prefix>.weight_scale`` float ``[N, 1]`` (symmetric, per output channel), and for static activations
+a scalar ``<prefix>.input_scale``. ``input_activations`` in the config decides dynamic per-token,
+static per-tensor, or none (weight-only).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nanocore.interfaces import LinearMethod, check_options
+from nanocore.interfaces.base import cuda_capability_reason, triton_reason
+from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
+from nanocore.quant_utils import (INT8_MAX, CheckpointFormatError, add_param, check_all_loaded, quantizable_linears,
+                                  quantize_int8, quantize_int8_per_row, symmetric_scale, tensor_name)
+from nanocore_int8.config import activation_scheme_of, compressed_tensors_config
+
+_OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict}
+#: ``torch._int_mm`` on CUDA needs more than 16 rows; decode batches take the dequantizing GEMV instead.
+_INT_MM_MIN_M = 17
+
+
+def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
+    """Static input scales of merged q/k/v or gate/up shards: keep the largest (one scale per input)."""
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
+
+
+def _int_gemm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """int32 ``xq @ weight^T`` on ``torch._int_mm``; shapes it refuses go through an exact float GEMM."""
+    n, k = weight.shape
+    # cuBLASLt int8 needs K and N multiples of 8; torch 2.13's CPU _int_mm is wrong for K == 1
+    if k == 1 or (xq.is_cuda and (k % 8 or n % 8)):
+        return (xq.double() @ weight.double().t()).to(torch.int32)
+    return torch._int_mm(xq, weight.t())
+
+
+class _Int8Base(LinearMethod):
+    quant_method = "compressed-tensors"
+    default_scheme = "dynamic"
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        super().__init__(options)
+        check_options(self.name, self.options, _OPTIONS)
+        scheme = self.options.get("activation_scheme")
+        if scheme is None:
+            scheme = activation_scheme_of(self.options.get("quantization_config"), self.default_scheme)
+        if scheme not in ("dynamic", "static", "none"):
+            raise ValueError(f"{self.name}: activation_scheme must be 'dynamic', 'static' or 'none', got {scheme!r}")
+        self.activation_scheme = scheme
+        self.kernel = self.options.get("kernel", "auto")
+        if self.kernel not in ("auto", "triton", "torch"):
+            raise ValueError(f"{self.name}: option kernel must be 'auto', 'triton' or 'torch', got {self.kernel!r}")
+
+    @classmethod
+    def supports(cls, device: torch.device) -> str | None:
+        if device.type == "cpu":
+            return None
+        if device.type == "cuda":
+            return cuda_capability_reason(device, (8, 0), f"{cls.name} (int8 tensor cores)")
+        return f"{cls.name} runs on CPU or NVIDIA GPUs, not {device.type}"
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
+                       output_size, params_dtype, weight_loader):
+        n = sum(output_partition_sizes)
+        add_param(layer, "weight", (n, input_size_per_partition), torch.int8, weight_loader, self.name,
+                  output_dim=0, input_dim=1)
+        add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.name, output_dim=0)
+        if self.activation_scheme == "static":
+            add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
+
+    def process_weights_after_loading(self, layer):
+        names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
+        check_all_loaded(layer, names, self.name)
+
+    def _weight_only(self, layer, x, bias):
+        usable = x.is_cuda and self.kernel != "torch" and triton_reason(x.device, self.name) is None
+        if self.kernel == "triton" and not usable:
+            raise RuntimeError(f"{self.name}: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
+        if usable:
+            return weight_only_linear(x, layer.weight, layer.weight_scale, bias)
+        return weight_only_linear_torch(x, layer.weight, layer.weight_scale, bias)
+
+    @classmethod
+    def _quantize(cls, weights, calibration, scheme: str):
+        out = dict(weights)
+        for prefix in quantizable_linears(weights):
+            q, scale = quantize_int8_per_row(weights[tensor_name(prefix, "weight")])
+            out[tensor_name(prefix, "weight")], out[tensor_name(prefix, "weight_scale")] = q, scale
+            if scheme == "static":
+                if not calibration or prefix not in calibration:
+                    raise ValueError(f"{cls.name} with static activation scales needs calibration activations "
+                                     f"for {prefix!r}: pass --calib-text (or use dynamic activation scales)")
+                out[tensor_name(prefix, "input_scale")] = symmetric_scale(calibration[prefix], INT8_MAX, dim=None).reshape(1)
+        return out, compressed_tensors_config(scheme)
+
+
+class Int8W8A16LinearMethod(_Int8Base):
+    """int8 weights per output channel; activations stay in the model dtype."""
+
+    tolerance = (0.02, 0.02)  # int8 rounds to 1/254 of a row's range; measured worst 0.014 of max|y|
+    quant_method = None  # compressed-tensors checkpoints select int8_w8a8, which runs weight-only ones too
+    default_scheme = "none"
+
+    def apply(self, layer, x, bias=None):
+        return self._weight_only(layer, x, bias)
+
+    @classmethod
+    def quantize(cls, weights, calibration=None):
+        return cls._quantize(weights, calibration, "none")
+
+
+class Int8W8A8LinearMethod(_Int8Base):
+    """int8 weights per channel, int8 activations (dynamic per token or static per tensor), int32 accumulate."""
+
+    tolerance = (0.03, 0.03)  # weights and activations round to 1/254; measured worst 0.014
+
+    def apply(self, layer, x, bias=None):
+        if self.activation_scheme == "none" or (x.is_cuda and x.numel() // x.shape[-1] < _INT_MM_MIN_M):
+            return self._weight_only(layer, x, bias)  # decode is bandwidth-bound: read int8 weights once
+        lead, k = x.shape[:-1], x.shape[-1]
+        if k != layer.weight.shape[1]:
+            raise ValueError(f"{self.name}: input has {k} features, the layer expects {layer.weight.shape[1]}")
+        x2 = x.reshape(-1, k)
+        if self.activation_scheme == "static":
+            x_scale = layer.input_scale.view(1, 1)
+            xq = quantize_int8(x2, x_scale)
+        else:
+            xq, x_scale = quantize_int8_per_row(x2)
+        acc = _int_gemm(xq, layer.weight)
+        y = (acc.float() * x_scale * layer.weight_scale.view(1, -1)).to(x.dtype)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*lead, -1)
+
+    @classmethod
+    def quantize(cls, weights, calibration=None):
+        return cls._quantize(weights, calibration, "static" if calibration else "dynamic")
+
+
+__all__ = ["Int8W8A16LinearMethod", "Int8W8A8LinearMethod", "CheckpointFormatError", "DECODE_MAX_M"]

@@ -1,0 +1,95 @@
+"""int8 methods: numerics, compressed-tensors configs, loading through the parallel layers, bad checkpoints."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nanocore.distributed import ParallelContext
+from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from nanocore.quant_utils import CheckpointFormatError
+from nanocore_int8 import Int8W8A8LinearMethod, Int8W8A16LinearMethod
+from nanocore_int8.config import activation_scheme_of, compressed_tensors_config
+
+
+def load(layer, tensors, shard_id=None):
+    for name, tensor in tensors.items():
+        param = getattr(layer, name.rsplit(".", 1)[-1] if name.startswith("layer.") else name)
+        param.weight_loader(param, tensor, *(() if shard_id is None else (shard_id,)))
+
+
+def build(method, weight, calibration=None, cls=RowParallelLinear):
+    tensors, config = type(method).quantize({"layer.weight": weight}, calibration)
+    layer = cls(weight.shape[1], weight.shape[0], linear_method=method, parallel=ParallelContext(),
+                params_dtype=torch.float32)
+    load(layer, tensors)
+    method.process_weights_after_loading(layer)
+    return layer, config
+
+
+@pytest.mark.parametrize("m", [1, 4, 17, 100])
+def test_w8a8_dynamic_is_int_gemm_of_quantized_inputs(m):
+    torch.manual_seed(m)
+    w, x, bias = torch.randn(40, 64), torch.randn(m, 64), torch.randn(40)
+    layer, config = build(Int8W8A8LinearMethod(), w)
+    assert activation_scheme_of(config, "?") == "dynamic"
+    got = layer.linear_method.apply(layer, x, bias)
+    x_scale = x.abs().amax(1, keepdim=True) / 127
+    xq = (x / x_scale).round()
+    expected = F.linear(xq * x_scale, layer.weight.float() * layer.weight_scale, bias)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    reference = F.linear(x, w, bias)
+    assert float((got - reference).abs().max() / reference.abs().max()) < Int8W8A8LinearMethod.tolerance[0]
+
+
+def test_w8a8_static_scale_from_calibration_and_merged_max():
+    x = torch.randn(30, 32)
+    method = Int8W8A8LinearMethod({"quantization_config": compressed_tensors_config("static")})
+    layer = MergedColumnParallelLinear(32, [8, 8], linear_method=method, parallel=ParallelContext(),
+                                       params_dtype=torch.float32)
+    for i in range(2):
+        tensors, config = Int8W8A8LinearMethod.quantize({"layer.weight": torch.randn(8, 32)}, {"layer": x * (i + 1)})
+        load(layer, tensors, i)
+    assert activation_scheme_of(config, "?") == "static"
+    method.process_weights_after_loading(layer)
+    assert layer.input_scale.item() == pytest.approx(float(2 * x.abs().max()) / 127)
+    reference = F.linear(x, layer.weight.float() * layer.weight_scale)
+    got = method.apply(layer, x)
+    assert float((got - reference).abs().max() / reference.abs().max()) < 0.03
+
+
+@pytest.mark.parametrize("m", [1, 3, 50])
+def test_w8a16_is_dequantize_then_linear(m):
+    w, x = torch.randn(24, 48), torch.randn(m, 48)
+    layer, config = build(Int8W8A16LinearMethod(), w)
+    assert config["config_groups"]["group_0"]["input_activations"] is None
+    expected = F.linear(x, layer.weight.float() * layer.weight_scale)
+    torch.testing.assert_close(layer.linear_method.apply(layer, x), expected)
+
+
+def test_weight_only_config_makes_w8a8_run_weight_only():
+    method = Int8W8A8LinearMethod({"quantization_config": compressed_tensors_config("none")})
+    assert method.activation_scheme == "none"
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_qkv_tp_shards(tp_rank):
+    qkv = QKVParallelLinear(32, 8, 4, 2, linear_method=Int8W8A8LinearMethod(),
+                            parallel=ParallelContext(tp_rank=tp_rank, tp_size=2), params_dtype=torch.float32)
+    full = {s: torch.randn(rows, 32) for s, rows in (("q", 32), ("k", 16), ("v", 16))}
+    for shard_id, w in full.items():
+        tensors, _ = Int8W8A8LinearMethod.quantize({"weight": w})
+        load(qkv, tensors, shard_id)
+    expected = torch.cat([full[s].chunk(2)[tp_rank] for s in "qkv"])
+    assert ((qkv.weight.float() * qkv.weight_scale - expected).abs() <= expected.abs().amax(1, keepdim=True) / 200).all()
+
+
+def test_mismatching_checkpoints_are_clear_errors():
+    layer = RowParallelLinear(16, 8, linear_method=Int8W8A8LinearMethod(), parallel=ParallelContext(),
+                              params_dtype=torch.float32)
+    with pytest.raises(CheckpointFormatError, match="expected torch.int8"):
+        layer.weight.weight_loader(layer.weight, torch.randn(8, 16).to(torch.float8_e4m3fn))
+    fp8_config = compressed_tensors_config("dynamic")
+    fp8_config["config_groups"]["group_0"]["weights"]["type"] = "float"
+    with pytest.raises(CheckpointFormatError, match="fp8_w8a8"):
+        Int8W8A8LinearMethod({"quantization_config": fp8_config})
+    with pytest.raises(ValueError, match="calibration"):
+        Int8W8A8LinearMethod._quantize({"weight": torch.randn(4, 4)}, None, "static")
