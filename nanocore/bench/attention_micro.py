@@ -21,6 +21,7 @@ import triton
 from triton.testing import do_bench
 
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
+from nanocore.interfaces import KVCache, KVLayout
 from nanocore.kernels.kv_store import store_kv
 from nanocore.kernels.paged_attention import AttentionConfig, default_config, paged_attention
 from nanocore.layers.attention import AttentionMetadata
@@ -38,15 +39,20 @@ def copy_bandwidth(gib: float = 2.0) -> dict:
     return {"bytes": 2 * src.numel() * 4, "ms": ms, "tb_per_s": 2 * src.numel() * 4 / ms / 1e9}
 
 
-def paged_case(num_seqs, query_len, ctx_len, num_heads, num_kv_heads, head_dim, block_size, dtype):
-    """Random q and a paged cache whose blocks are scattered, plus the step's metadata."""
+def paged_case(num_seqs, query_len, ctx_len, num_heads, num_kv_heads, head_dim, block_size, dtype,
+               layout: KVLayout | None = None):
+    """Random q and a paged cache (scattered blocks, ``layout``'s dtypes and scales) plus metadata."""
     seq_len = ctx_len
     blocks = triton.cdiv(seq_len, block_size)
     num_blocks = num_seqs * blocks
     codec = UnquantizedKVCodec()
-    cache = codec.allocate(num_blocks, block_size, num_kv_heads, head_dim, dtype, torch.device("cuda"))
-    cache.k.normal_()
-    cache.v.normal_()
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    layout = layout or codec.layout(dtype)
+    values = [(torch.randn(shape, device="cuda") * 20).clamp(-100, 100).to(dt)
+              for dt in (layout.k_dtype, layout.v_dtype)]
+    scales = [torch.rand(*shape[:3], 1, device="cuda") if g == "token_head" else None
+              for g in (layout.k_scale, layout.v_scale)]
+    cache = KVCache(values[0], values[1], scales[0], scales[1])
     block_tables = torch.randperm(num_blocks, device="cuda", dtype=torch.int32).view(num_seqs, blocks)
     starts = torch.arange(num_seqs + 1, device="cuda", dtype=torch.int32) * query_len
     meta = AttentionMetadata(
@@ -116,26 +122,40 @@ def prefill(args, results):
     results["prefill"] = row
 
 
+def decode_cases(args):
+    """(label, num_seqs, ctx, block_size, layout, configs) rows timed by ``decode``."""
+    n, ctx = args.decode_seqs, args.decode_ctx
+    tune = [AttentionConfig(16, bn, w, st, sp) for bn in (32, 64, 128) for w in (4, 8)
+            for st in (2, 3) for sp in (1, 2, 4)] if args.tune else []
+    int8 = KVLayout(torch.int8, torch.int8, "token_head", "token_head")
+    fp8 = KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn, "token_head", "token_head")
+    cases = [("bf16", n, ctx, bs, None, [None] + (tune if bs == args.block_size else []))
+             for bs in sorted({16, args.block_size, 32, 64})]
+    cases += [("int8_token_head", n, ctx, args.block_size, int8, [None]),
+              ("fp8_token_head", n, ctx, args.block_size, fp8, [None])]
+    few = [AttentionConfig(16, 64, 4, 2, sp) for sp in (1, 4, 16)]  # split-KV matters here
+    cases += [("bf16_few_long", 4, 32768, args.block_size, None, [None] + few)]
+    return cases
+
+
 def decode(args, results, bandwidth):
-    n, ctx, hq, hkv, d = args.decode_seqs, args.decode_ctx, args.heads, args.kv_heads, args.head_dim
+    hq, hkv, d = args.heads, args.kv_heads, args.head_dim
     rows = []
-    for block_size in sorted({16, args.block_size, 64}):
-        q, cache, meta = paged_case(n, 1, ctx, hq, hkv, d, block_size, torch.bfloat16)
-        nbytes = 2 * n * ctx * hkv * d * 2 + 2 * q.numel() * 2 + meta.block_tables.numel() * 4
-        configs = [None]
-        if args.tune and block_size == args.block_size:
-            configs += [AttentionConfig(16, bn, w, s, sp) for bn in (32, 64, 128) for w in (4, 8)
-                        for s in (2, 3) for sp in (1, 2, 4)]
+    for label, n, ctx, block_size, layout, configs in decode_cases(args):
+        q, cache, meta = paged_case(n, 1, ctx, hq, hkv, d, block_size, torch.bfloat16, layout)
+        nbytes = sum(t.numel() * t.element_size() for t in cache.tensors()) + 2 * q.numel() * 2
         for cfg in configs:
+            fn = lambda: paged_attention(q, q, q, cache, meta, d ** -0.5, layout=layout, config=cfg)  # noqa: E731
             try:
-                ms = bench(lambda: paged_attention(q, q, q, cache, meta, d ** -0.5, config=cfg))
+                ms = bench(fn)
             except Exception as exc:
-                rows.append({"block_size": block_size, "config": cfg.__dict__, "error": str(exc)[:120]})
+                rows.append({"case": label, "block_size": block_size, "config": cfg.__dict__, "error": str(exc)[:120]})
                 continue
             tbps = nbytes / ms / 1e9
-            rows.append({"block_size": block_size, "config": cfg.__dict__ if cfg else "default", "ms": ms,
-                         "bytes": nbytes, "tb_per_s": tbps, "frac_of_copy_bw": tbps / bandwidth})
-    results["decode"] = {"num_seqs": n, "ctx": ctx, "heads": hq, "kv_heads": hkv, "head_dim": d, "runs": rows}
+            rows.append({"case": label, "num_seqs": n, "ctx": ctx, "block_size": block_size,
+                         "config": cfg.__dict__ if cfg else "default", "ms": ms, "bytes": nbytes,
+                         "tb_per_s": tbps, "frac_of_copy_bw": tbps / bandwidth})
+    results["decode"] = {"heads": hq, "kv_heads": hkv, "head_dim": d, "runs": rows}
 
 
 def store(args, results, bandwidth):
@@ -196,10 +216,11 @@ def print_table(results, bw):
     runs = [r for r in results["decode"]["runs"] if "ms" in r]
     for r in runs:
         if r["config"] == "default":
-            print(f"decode bs={r['block_size']:<3} default      {r['ms']:7.3f} ms  {r['tb_per_s']:5.2f} TB/s "
-                  f"({100 * r['frac_of_copy_bw']:.0f}% of copy)")
-    best = max(runs, key=lambda r: r["tb_per_s"])
-    print(f"decode best bs={best['block_size']} {best['ms']:7.3f} ms  {best['tb_per_s']:5.2f} TB/s  {best['config']}")
+            print(f"decode {r['case']:<15} {r['num_seqs']}x{r['ctx']} bs={r['block_size']:<3} {r['ms']:7.3f} ms  "
+                  f"{r['tb_per_s']:5.2f} TB/s ({100 * r['frac_of_copy_bw']:.0f}% of copy)")
+    for label in sorted({r["case"] for r in runs}):
+        best = min((r for r in runs if r["case"] == label), key=lambda r: r["ms"])
+        print(f"decode best {label:<15} {best['ms']:7.3f} ms  {best['tb_per_s']:5.2f} TB/s  {best['config']}")
     st = results["store"]
     print(f"store {st['tokens']} tokens     {st['ms']:7.3f} ms  {st['tb_per_s']:5.2f} TB/s "
           f"(torch index_put {st['torch_index_put_ms']:.3f} ms)")

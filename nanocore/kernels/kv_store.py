@@ -1,7 +1,7 @@
 """Fused KV store: write new K/V ``[T, Hkv, D]`` into the paged cache at ``slot_mapping`` (slot -1 skipped).
 
 One program per token writes both K and V. Layouts with scales quantize on the way in: per (token, head)
-or per group of head_dim, symmetric, ``scale = amax / qmax`` (1 where amax is 0), int8 rounds half up
+or per group of head_dim, symmetric, ``scale = amax * (1 / qmax)`` (1 where amax is 0), int8 rounds half up
 (``floor(x + 0.5)``) and saturates at +-127, fp8 e4m3 saturates at +-448 and rounds to nearest even.
 ``store_kv_reference`` below is the torch twin and defines the same numbers.
 """
@@ -45,8 +45,8 @@ def _store_one(src_ptr, dst_ptr, sc_ptr, tok, slot, src_stride_t, src_stride_h,
     else:
         xf = x.to(tl.float32)
         amax = tl.max(tl.abs(xf), 1)
-        scale = tl.where(amax > 0, tl.div_rn(amax, QMAX), 1.0)  # IEEE division: same bits as the twin
-        y = tl.div_rn(xf, scale[:, None])
+        scale = tl.where(amax > 0, amax * (1.0 / QMAX), 1.0)  # torch multiplies by 1/qmax as well
+        y = tl.div_rn(xf, scale[:, None])  # IEEE division: same bits as the twin
         if IS_INT:
             y = tl.floor(y + 0.5)
         y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
@@ -121,7 +121,8 @@ def quantize_reference(x: torch.Tensor, dtype: torch.dtype, granularity: str, gr
     xf = x.float().view(t, h, groups, d // groups)
     qmax = qmax_of(dtype)
     amax = xf.abs().amax(-1)
-    scale = torch.where(amax > 0, amax / qmax, torch.ones_like(amax))
+    # times the reciprocal, which is what torch's CUDA division by a scalar does anyway
+    scale = torch.where(amax > 0, amax * (1.0 / qmax), torch.ones_like(amax))
     y = xf / scale[..., None]
     if dtype == torch.int8:
         y = torch.floor(y + 0.5)
