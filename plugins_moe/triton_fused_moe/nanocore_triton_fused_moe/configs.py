@@ -3,8 +3,9 @@
 A table file is named ``E={E},N={N},device_name={GPU},dtype={dtype},triton={major.minor}.json`` (N is
 this rank's expert intermediate size) and maps a token count M to one config; the entry with the
 nearest M is used. ``nanocore tune moe`` writes such files. Search order: the executor's
-``config_dir`` option, ``$NANOCORE_MOE_CONFIG_DIR``, then the files shipped in this package. A table
-tuned under another Triton version of the same key is used when no exact match exists.
+``config_dir`` option, ``$NANOCORE_MOE_CONFIG_DIR``, ``user_config_dir()`` (where the tuner writes by
+default), then the files shipped in this package. A table tuned under another Triton version of the
+same key is used when no exact match exists.
 """
 from __future__ import annotations
 
@@ -20,6 +21,11 @@ logger = logging.getLogger("nanocore.triton_fused_moe")
 
 PACKAGE_CONFIG_DIR = Path(__file__).with_name("configs")
 CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_stages")
+
+
+def user_config_dir() -> Path:
+    """``$NANOCORE_CACHE_DIR/moe_configs`` (default ``~/.cache/nanocore/moe_configs``)."""
+    return Path(os.environ.get("NANOCORE_CACHE_DIR") or Path.home() / ".cache" / "nanocore") / "moe_configs"
 
 
 def triton_version() -> str:
@@ -64,7 +70,7 @@ class ConfigTable:
     """Finds the tuned table for a shape once, then picks the config for each batch size."""
 
     def __init__(self, config_dir: str | None = None):
-        dirs = [config_dir, os.environ.get("NANOCORE_MOE_CONFIG_DIR"), PACKAGE_CONFIG_DIR]
+        dirs = [config_dir, os.environ.get("NANOCORE_MOE_CONFIG_DIR"), user_config_dir(), PACKAGE_CONFIG_DIR]
         self.search_dirs = [Path(d) for d in dirs if d]
 
     def pick(self, num_tokens: int, num_experts: int, intermediate: int, top_k: int, dtype: torch.dtype,

@@ -38,6 +38,13 @@ class TritonFusedMoEExecutor(MoEExecutor):
         reason = triton_reason(device, "triton_fused_moe")
         return reason and f"{reason}; use moe_executor='eager' there"
 
+    @classmethod
+    def tune(cls, num_experts: int, intermediate: int, hidden: int, top_k: int, dtype: torch.dtype, **kwargs):
+        """Time tile configs for this expert shape on this GPU and write their table (``nanocore tune moe``)."""
+        from nanocore_triton_fused_moe.tune import tune
+
+        return tune(num_experts, intermediate, hidden, top_k, dtype, **kwargs)
+
     def apply(self, x, topk_weights, topk_ids, w13, w2, activation="silu"):
         check_moe_shapes(x, topk_weights, topk_ids, w13, w2, activation, self.activations)
         if x.dtype not in DTYPES or w13.dtype != x.dtype or w2.dtype != x.dtype:

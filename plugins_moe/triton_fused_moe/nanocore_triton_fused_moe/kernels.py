@@ -108,7 +108,9 @@ def _compiled(interpret: bool):
     else:
         wrap = triton.jit
     scope = dict(globals(), _block_coords=wrap(_block_coords))  # the helper must be wrapped like its callers
-    return tuple(wrap(types.FunctionType(fn.__code__, scope, fn.__name__)) for fn in (gate_up_silu_kernel, down_kernel))
+    # sizes that change with the batch are not specialised on: no recompilation per decode batch size
+    return tuple(wrap(types.FunctionType(fn.__code__, scope, fn.__name__), do_not_specialize=["num_blocks", "num_slots"])
+                 for fn in (gate_up_silu_kernel, down_kernel))
 
 
 def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,

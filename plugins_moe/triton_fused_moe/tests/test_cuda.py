@@ -22,9 +22,11 @@ def inputs(m, e, k, h, i, dtype, seed=0, drop=0.0):
     return [t.cuda().to(dtype) if t.is_floating_point() else t.cuda() for t in (x, weights, ids, w13, w2)]
 
 
-@pytest.mark.parametrize("m,e,k,h,i", [(1, 8, 2, 256, 128), (7, 60, 4, 2048, 1408), (256, 8, 1, 1024, 512),
-                                       (300, 128, 8, 512, 768), (2048, 16, 2, 256, 256)])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("m,e,k,h,i,dtype", [
+    (1, 8, 2, 256, 128, torch.bfloat16), (7, 60, 4, 2048, 1408, torch.bfloat16), (256, 8, 1, 1024, 512, torch.bfloat16),
+    (300, 128, 8, 512, 768, torch.bfloat16), (2048, 16, 2, 256, 256, torch.bfloat16),
+    (33, 8, 2, 512, 256, torch.float16), (33, 8, 2, 512, 256, torch.float32),
+])
 def test_kernels_match_eager_on_gpu(m, e, k, h, i, dtype):
     args = inputs(m, e, k, h, i, dtype, seed=m, drop=0.1)
     out = TritonFusedMoEExecutor().apply(*args)
