@@ -38,12 +38,15 @@ class CausalLMBase(nn.Module):
     ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
     tie_word_embeddings: bool = False
 
-    def map_name(self, hf_name: str) -> tuple[str, object]:
-        """(nanocore parameter name, shard id or None) of one HF tensor."""
+    def map_name(self, hf_name: str) -> tuple[str, tuple]:
+        """(nanocore parameter name, extra weight_loader args) of one HF tensor.
+
+        Merged projections pass ``(shard_id,)``; a MoE model may override this to pass ``(expert_id, shard_id)``.
+        """
         for merged, original, shard_id in self.stacked_params:
             if f".{original}." in hf_name:
-                return hf_name.replace(f".{original}.", f".{merged}."), shard_id
-        return hf_name, None
+                return hf_name.replace(f".{original}.", f".{merged}."), (shard_id,)
+        return hf_name, ()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load (hf_name, tensor) pairs; returns the loaded keys (see ``expected_weight_keys``)."""
@@ -54,7 +57,7 @@ class CausalLMBase(nn.Module):
                 continue
             if self.tie_word_embeddings and hf_name.startswith("lm_head."):
                 continue  # the LM head shares the embedding table
-            name, shard_id = self.map_name(hf_name)
+            name, loader_args = self.map_name(hf_name)
             param = params.get(name)
             if param is None:
                 raise CheckpointError(
@@ -62,18 +65,18 @@ class CausalLMBase(nn.Module):
                     f"is 'architectures' in config.json right, and does the linear method match the checkpoint?")
             loader = getattr(param, "weight_loader", default_weight_loader)
             try:
-                loader(param, tensor, shard_id) if shard_id is not None else loader(param, tensor)
+                loader(param, tensor, *loader_args)
             except ValueError as exc:
                 raise CheckpointError(f"cannot load checkpoint tensor {hf_name!r}: {exc}") from None
-            loaded |= self._loaded_keys(name, shard_id)
+            loaded |= self._loaded_keys(name, loader_args)
         return loaded
 
-    def _loaded_keys(self, name: str, shard_id) -> set[str]:
+    def _loaded_keys(self, name: str, loader_args: tuple) -> set[str]:
         module_name, _, _ = name.rpartition(".")
         shard_ids = getattr(self.get_submodule(module_name), "shard_ids", [None])
         if len(shard_ids) == 1:
             return {name}
-        return {f"{name}[{s}]" for s in (shard_ids if shard_id is None else [shard_id])}
+        return {f"{name}[{s}]" for s in (shard_ids if not loader_args else loader_args[-1:])}
 
     def expected_weight_keys(self) -> set[str]:
         """Keys ``load_weights`` must have returned: every parameter with a ``weight_loader``, per shard.
