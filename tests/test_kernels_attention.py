@@ -143,8 +143,6 @@ def test_quantized_layouts(layout):
     check(q, cache, meta, layout=layout)
 
 
-# ---- GPU: bf16, every block size, both head dims, long contexts -----------------------------------
-
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
