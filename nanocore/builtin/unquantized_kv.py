@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from nanocore.interfaces import KVCache, KVCodec, KVLayout
+from nanocore.kernels import attention_dispatch
 
 
 def flat_slots(cache_tensor: torch.Tensor) -> torch.Tensor:
@@ -18,6 +19,9 @@ class UnquantizedKVCodec(KVCodec):
         return KVLayout(k_dtype=dtype, v_dtype=dtype)
 
     def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+        if k.is_cuda and attention_dispatch.available():  # one fused launch, no host sync (graph-safe)
+            attention_dispatch.store_kv(cache, k.contiguous(), v.contiguous(), slot_mapping, self.layout(k.dtype))
+            return
         valid = slot_mapping >= 0
         slots = slot_mapping[valid]
         flat_slots(cache.k)[slots] = k[valid].to(cache.k.dtype)
