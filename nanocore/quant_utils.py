@@ -107,18 +107,31 @@ def awq_dequantize(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Te
 
 # ---- parameters and the checks that make a wrong checkpoint a clear error -----------------------
 def add_param(layer: torch.nn.Module, name: str, shape: tuple[int, ...], dtype: torch.dtype,
-              weight_loader: Callable, method: str, fill: float | None = None, **attrs: Any) -> torch.nn.Parameter:
-    """Register ``layer.<name>`` whose loader checks the checkpoint dtype and records that it was loaded."""
+              weight_loader: Callable, method: str, fill: float | None = None,
+              full_input: int | None = None, **attrs: Any) -> torch.nn.Parameter:
+    """Register ``layer.<name>`` whose loader checks the checkpoint dtype and records that it was loaded.
+
+    ``full_input``: the checkpoint tensor's size along ``input_dim`` before any TP split (checked, since a
+    row-parallel loader narrows a too-large tensor silently).
+    """
     data = torch.empty(shape, dtype=dtype) if fill is None else torch.full(shape, fill, dtype=dtype)
     param = torch.nn.Parameter(data, requires_grad=False)
-    set_weight_attrs(param, {"weight_loader": checked_loader(weight_loader, layer, name, method), **attrs})
+    loader = checked_loader(weight_loader, layer, name, method, (attrs.get("input_dim"), full_input))
+    set_weight_attrs(param, {"weight_loader": loader, **attrs})
     layer.register_parameter(name, param)
     return param
 
 
-def checked_loader(weight_loader: Callable, layer: torch.nn.Module, name: str, method: str) -> Callable:
+def checked_loader(weight_loader: Callable, layer: torch.nn.Module, name: str, method: str,
+                   full_input: tuple[int | None, int | None] = (None, None)) -> Callable:
+    dim, size = full_input
+
     def load(param: torch.Tensor, loaded: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         check_dtype(loaded, param.dtype, name, method)
+        if dim is not None and size is not None and (loaded.dim() <= dim or loaded.shape[dim] != size):
+            raise CheckpointFormatError(
+                f"{method}: checkpoint tensor '{name}' has shape {tuple(loaded.shape)}, expected {size} along dim "
+                f"{dim}; was the checkpoint made for another method or group size?")
         try:
             weight_loader(param, loaded, *args, **kwargs)
         except CheckpointFormatError:

@@ -51,7 +51,7 @@ class _Fp8Base(LinearMethod):
         self.partition_sizes = list(output_partition_sizes)
         self.per_tensor_scales: dict[int, float] = {}
         add_param(layer, "weight", (n, input_size_per_partition), FP8_DTYPE, weight_loader, self.name,
-                  output_dim=0, input_dim=1)
+                  full_input=input_size, output_dim=0, input_dim=1)
         scale = add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.name, output_dim=0)
         scale.weight_loader = self._scale_loader(layer, scale.weight_loader)
         if self.activation_scheme == "static":

@@ -66,7 +66,7 @@ class _Int8Base(LinearMethod):
                        output_size, params_dtype, weight_loader):
         n = sum(output_partition_sizes)
         add_param(layer, "weight", (n, input_size_per_partition), torch.int8, weight_loader, self.name,
-                  output_dim=0, input_dim=1)
+                  full_input=input_size, output_dim=0, input_dim=1)
         add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.name, output_dim=0)
         if self.activation_scheme == "static":
             add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)

@@ -1,0 +1,8 @@
+"""The shared linear-method conformance suite for ``awq`` (K in groups of 128, N in packs of 8)."""
+from nanocore_conformance import LinearMethodConformance
+
+
+class TestAWQ(LinearMethodConformance):
+    backend = "awq"
+    input_size_multiple = 128
+    output_size_multiple = 8

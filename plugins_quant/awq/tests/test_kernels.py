@@ -1,0 +1,50 @@
+"""AWQ Triton kernels vs the torch twin (interpreter on CPU, bf16 on a GPU); the twin vs AutoAWQ's formula."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanocore.quant_utils import awq_dequantize, awq_pack, pack_int4_awq, unpack_int4_awq
+from nanocore_awq.kernels import awq_linear_torch
+
+
+def test_triton_kernels_match_torch_twin_in_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    script = Path(__file__).with_name("interp_check.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_pack_order_is_autoawq():
+    q = torch.arange(8, dtype=torch.int32).view(1, 8)
+    packed = pack_int4_awq(q)
+    # AutoAWQ puts value ORDER[i] at nibble i, ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+    assert [(int(packed) >> (4 * i)) & 0xF for i in range(8)] == [0, 2, 4, 6, 1, 3, 5, 7]
+    q = torch.randint(0, 16, (5, 24), dtype=torch.int32)
+    assert torch.equal(unpack_int4_awq(pack_int4_awq(q)), q)
+
+
+def test_twin_dequantizes_close_to_the_weight():
+    w = torch.randn(48, 256)
+    packed = awq_pack(w, 128)
+    w_t = awq_dequantize(packed["qweight"], packed["qzeros"], packed["scales"]).float()
+    span = (w.view(48, 2, 128).amax(-1) - w.view(48, 2, 128).amin(-1)).repeat_interleave(128, 1)
+    assert ((w_t.t() - w).abs() <= span / 30 + 2e-3).all()  # half a step of 15 plus fp16 scale rounding
+    x = torch.randn(3, 256)
+    torch.testing.assert_close(awq_linear_torch(x, **packed), x @ w_t)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("m", [1, 4, 8, 16, 100, 512])
+def test_triton_bf16_on_cuda(m):
+    from nanocore_awq.kernels import awq_linear_triton
+    torch.manual_seed(m)
+    packed = {k: v.cuda() for k, v in awq_pack(torch.randn(384, 512), 128, torch.bfloat16).items()}
+    x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+    expected = awq_linear_torch(x.float(), packed["qweight"], packed["qzeros"], packed["scales"].float())
+    got = awq_linear_triton(x, **packed).float()
+    assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
