@@ -50,6 +50,7 @@ def default_model_path() -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{DEFAULT_MODEL_NAME}-", dir=target.parent))
     try:
         convert_gguf(gguf, tmp)
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache is an ordinary folder
         try:
             tmp.rename(target)  # atomic: a concurrent converter either wins or finds ours
         except OSError:
