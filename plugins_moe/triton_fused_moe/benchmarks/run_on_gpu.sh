@@ -9,6 +9,6 @@ printf '[nanocore]\ntriton_fused_moe = nanocore_triton_fused_moe.plugin\n' > $si
 export PYTHONPATH=$PWD:$PWD/conformance:$PWD/plugins_moe/triton_fused_moe:$site
 export NANOCORE_CONFORMANCE_EXAMPLES=${NANOCORE_CONFORMANCE_EXAMPLES:-15}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-timeout 75 python3 -m pytest -q -x -p no:cacheprovider plugins_moe/triton_fused_moe/tests/test_cuda.py \
+timeout ${TEST_TIMEOUT:-75} python3 -m pytest -q -x -p no:cacheprovider plugins_moe/triton_fused_moe/tests/test_cuda.py \
   "plugins_moe/triton_fused_moe/tests/test_conformance.py::TestTritonFusedMoE" 2>&1 | tee $OUT/pytest.log | tail -15
 timeout ${BENCH_TIMEOUT:-130} python3 plugins_moe/triton_fused_moe/benchmarks/gpu_check.py ${BENCH_BUDGET:-110}

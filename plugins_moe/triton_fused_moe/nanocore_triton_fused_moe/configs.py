@@ -43,14 +43,18 @@ def config_file_name(num_experts: int, intermediate: int, dtype: torch.dtype, gp
     return f"E={num_experts},N={intermediate},device_name={gpu},dtype={str(dtype).removeprefix('torch.')},triton={triton}.json"
 
 
-def default_config(num_tokens: int, num_experts: int, top_k: int) -> dict[str, int]:
+def default_config(num_tokens: int, num_experts: int, top_k: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
     """Tiles by rows per expert: small blocks for decode, large ones once experts see many tokens."""
     rows_per_expert = num_tokens * top_k / num_experts
     if rows_per_expert <= 16:
-        return dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)
-    if rows_per_expert <= 64:
-        return dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
-    return dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+        config = dict(BLOCK_M=16, BLOCK_N=64, BLOCK_K=128, GROUP_M=1, num_warps=4, num_stages=3)
+    elif rows_per_expert <= 64:
+        config = dict(BLOCK_M=32, BLOCK_N=64, BLOCK_K=64, GROUP_M=8, num_warps=4, num_stages=3)
+    else:
+        config = dict(BLOCK_M=64, BLOCK_N=128, BLOCK_K=64, GROUP_M=8, num_warps=8, num_stages=3)
+    if dtype.itemsize == 4:
+        config["BLOCK_K"] //= 2  # fp32 tiles take twice the shared memory per stage
+    return config
 
 
 def read_table(path: Path) -> dict[int, dict[str, int]]:
@@ -77,7 +81,7 @@ class ConfigTable:
              device: torch.device) -> dict[str, int]:
         table = self.table(num_experts, intermediate, dtype, device_name(device))
         if table is None:
-            return default_config(num_tokens, num_experts, top_k)
+            return default_config(num_tokens, num_experts, top_k, dtype)
         return table[min(table, key=lambda m: (abs(m - num_tokens), m))]
 
     @functools.lru_cache(maxsize=None)

@@ -109,8 +109,15 @@ def _compiled(interpret: bool):
         wrap = triton.jit
     scope = dict(globals(), _block_coords=wrap(_block_coords))  # the helper must be wrapped like its callers
     # sizes that change with the batch are not specialised on: no recompilation per decode batch size
-    return tuple(wrap(types.FunctionType(fn.__code__, scope, fn.__name__), do_not_specialize=["num_blocks", "num_slots"])
+    return tuple(wrap(_rebind(fn, scope), do_not_specialize=["num_blocks", "num_slots"])
                  for fn in (gate_up_silu_kernel, down_kernel))
+
+
+def _rebind(fn, scope: dict):
+    """``fn`` resolving globals in ``scope``; annotations kept (they mark the constexpr parameters)."""
+    rebound = types.FunctionType(fn.__code__, scope, fn.__name__, fn.__defaults__)
+    rebound.__annotations__ = dict(fn.__annotations__)
+    return rebound
 
 
 def fused_experts(x: torch.Tensor, topk_weights: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
