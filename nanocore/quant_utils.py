@@ -205,6 +205,16 @@ def is_ignored(prefix: str, ignore: list[str]) -> bool:
     return False
 
 
+#: Keys under which the ecosystem's formats list layers left unquantized (compressed-tensors, fp8, AutoAWQ).
+IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert")
+
+
+def ignore_patterns(quantization_config: dict[str, Any] | None) -> list[str]:
+    """The checkpoint's list of unquantized layers (loaders build those with ``unquantized``)."""
+    config = quantization_config or {}
+    return [p for key in IGNORE_KEYS for p in (config.get(key) or [])]
+
+
 def config_option(options: dict[str, Any], key: str, default: Any) -> Any:
     """An option given directly, else from the checkpoint's ``quantization_config`` option, else ``default``."""
     if key in options:

@@ -14,6 +14,7 @@ COMMAND_MODULES = [
     "nanocore.cli.generate_cmd",
     "nanocore.cli.eval_cmd",
     "nanocore.cli.bench_cmd",
+    "nanocore.cli.quantize_cmd",
     "nanocore.cli.tune_cmd",
 ]
 

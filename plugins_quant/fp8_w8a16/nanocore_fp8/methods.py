@@ -123,7 +123,7 @@ class Fp8W8A8LinearMethod(_Fp8Base):
     """fp8 weights and fp8 activations (per-token dynamic, or static per-tensor) on ``torch._scaled_mm``."""
 
     tolerance = (0.07, 0.07)  # weights and activations each round to 1/16; measured worst 0.046
-    quant_method = None  # the fp8 checkpoint format auto-selects fp8_w8a16; choose this one by name
+    # loads the same fp8 checkpoints; "auto" picks fp8_w8a16 (first by name among equal auto_priority)
 
     @classmethod
     def supports(cls, device: torch.device) -> str | None:

@@ -1,0 +1,164 @@
+"""``nanocore quantize``: write a quantized copy of a safetensors checkpoint with any linear method's ``quantize``.
+
+The source is never modified; the output is built in a temporary folder beside DST and renamed into
+place at the end, so an interrupted run leaves no half-written DST.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from tqdm import tqdm
+
+from nanocore.quant_utils import IGNORE_KEYS, is_ignored, quantizable_linears
+
+_LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
+_SHARD_BYTES = 2 << 30
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("quantize", help="write a quantized checkpoint (fp8, int8, awq, ... any linear method)")
+    p.add_argument("--method", required=True, help="linear method whose quantize() to use, e.g. fp8_w8a16, int8_w8a8, awq")
+    p.add_argument("--model", required=True, help="source checkpoint folder (config.json + safetensors), or 'default'")
+    p.add_argument("--out", required=True, help="destination folder (must not exist)")
+    p.add_argument("--calib-text", help="text file for calibration activations (AWQ scale search, static scales)")
+    p.add_argument("--calib-samples", type=int, default=32, help="calibration sequences (default 32)")
+    p.add_argument("--calib-seqlen", type=int, default=512, help="tokens per calibration sequence (default 512)")
+    p.add_argument("--group-size", type=int, help="group size for group-wise methods (awq: 128, or 64 if K is not a multiple)")
+    p.add_argument("--ignore", action="append", default=[], help="layer name / glob / 're:' regex to keep unquantized")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from nanocore.plugins import get_registry
+
+    src, dst = source_folder(args.model), Path(args.out)
+    if dst.exists():
+        raise ValueError(f"{dst} already exists; choose another --out or remove it first")
+    config = json.loads((src / "config.json").read_text())
+    if config.get("quantization_config"):
+        raise ValueError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
+                         f"quantize the unquantized checkpoint")
+    method = get_registry().get("linear_method", args.method).cls
+    calibration = None
+    if args.calib_text:
+        calibration = collect_calibration(src, Path(args.calib_text), args.calib_samples, args.calib_seqlen)
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        extra = {} if args.group_size is None else {"group_size": args.group_size}
+        quant_config = write_quantized(src, tmp, method, calibration, args.ignore, extra)
+        config["quantization_config"] = quant_config
+        (tmp / "config.json").write_text(json.dumps(config, indent=2))
+        for extra in src.iterdir():  # tokenizer, generation config, chat template ...
+            if extra.is_file() and extra.suffix != ".safetensors" and extra.name not in ("config.json", "model.safetensors.index.json"):
+                shutil.copy2(extra, tmp / extra.name)
+        tmp.chmod(0o755)  # mkdtemp makes it private
+        tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    print(f"wrote {dst} ({quant_config['quant_method']}, linear method {args.method})")
+    return 0
+
+
+def source_folder(model: str) -> Path:
+    if model == "default":
+        from nanocore.loader.default_model import default_model_path
+        return default_model_path()
+    path = Path(model)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path} is not a checkpoint folder (no config.json); pass a folder or 'default'")
+    return path
+
+
+def layer_groups(src: Path) -> dict[str, list[str]]:
+    """Tensor names grouped by decoder layer (the unit one ``quantize`` call sees); '' holds the rest."""
+    from nanocore.loader.safetensors_io import checkpoint_files
+    from safetensors import safe_open
+
+    groups: dict[str, list[str]] = {}
+    for file in checkpoint_files(src):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():
+                match = _LAYER.match(name)
+                groups.setdefault(match.group(1) if match else "", []).append((file, name))
+    return groups
+
+
+def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str], extra: dict) -> dict:
+    from safetensors import safe_open
+
+    groups, shards, pending, pending_bytes, ignored, config = layer_groups(src), [], {}, 0, set(), {}
+    for group in tqdm(sorted(groups, key=_layer_order), desc=f"quantize {method.name}", unit="layer"):
+        tensors = {}
+        for file, name in groups[group]:
+            with safe_open(str(file), "pt") as f:
+                tensors[name] = f.get_tensor(name)
+        keep = {n: t for n, t in tensors.items() if n.endswith(".weight") and is_ignored(n[:-7], ignore)}
+        ignored.update(n[:-7] for n in keep if n[:-7] in quantizable_linears(keep))
+        todo = {n: t for n, t in tensors.items() if n not in keep}
+        quantized, config = method.quantize(todo, calibration, **extra)
+        for name, tensor in {**quantized, **keep}.items():
+            pending[name] = tensor.contiguous()
+            pending_bytes += tensor.numel() * tensor.element_size()
+        if pending_bytes > _SHARD_BYTES:
+            shards.append(pending)
+            pending, pending_bytes = {}, 0
+    shards.append(pending)
+    save_shards(out, shards)
+    key = next((k for k in IGNORE_KEYS if k in config), None)
+    if key is not None:
+        config[key] = sorted(set(config[key]) | ignored | ({"lm_head"} if key == "ignore" else set()))
+    return config
+
+
+def save_shards(out: Path, shards: list[dict[str, torch.Tensor]]) -> None:
+    if len(shards) == 1:
+        save_file(shards[0], str(out / "model.safetensors"), metadata={"format": "pt"})
+        return
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / name), metadata={"format": "pt"})
+        weight_map.update({tensor: name for tensor in shard})
+    (out / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+
+
+def _layer_order(group: str) -> tuple[int, str]:
+    match = re.search(r"\.layers\.(\d+)$", group)
+    return (int(match.group(1)) if match else -1, group)
+
+
+def collect_calibration(src: Path, text_file: Path, samples: int, seqlen: int, max_rows: int = 2048):
+    """Inputs of every nn.Linear of the float model (Hugging Face transformers) on the calibration text."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if not text_file.is_file():
+        raise FileNotFoundError(f"calibration text {text_file} does not exist")
+    ids = AutoTokenizer.from_pretrained(src)(text_file.read_text(), return_tensors="pt").input_ids[0]
+    if ids.numel() < seqlen + 1:
+        raise ValueError(f"{text_file} has {ids.numel()} tokens, fewer than --calib-seqlen {seqlen}")
+    starts = torch.randint(0, ids.numel() - seqlen, (samples,), generator=torch.Generator().manual_seed(0))
+    batch = torch.stack([ids[s:s + seqlen] for s in starts.tolist()])
+    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval()
+    inputs: dict[str, list[torch.Tensor]] = {}
+    hooks = [module.register_forward_pre_hook(lambda m, a, name=name: inputs.setdefault(name, []).append(
+        a[0].detach().reshape(-1, a[0].shape[-1]))) for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear)]
+    with torch.no_grad():
+        for row in tqdm(batch, desc="calibration", unit="seq"):
+            model(row[None])
+    for hook in hooks:
+        hook.remove()
+    rows = torch.Generator().manual_seed(1)
+    out = {}
+    for name, parts in inputs.items():
+        x = torch.cat(parts)
+        out[name] = x[torch.randperm(x.shape[0], generator=rows)[:max_rows]] if x.shape[0] > max_rows else x
+    return out
