@@ -1,0 +1,64 @@
+"""`nanocore quantize`: output format, the source left untouched, no half-written DST on interruption."""
+import hashlib
+import json
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from nanocore.cli import quantize_cmd
+from nanocore.cli.main import main
+
+pytest.importorskip("nanocore_fp8", reason="needs the nanocore-fp8 plugin (pip install -e plugins_quant/fp8_w8a16)")
+
+
+@pytest.fixture
+def source(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    h, i = 64, 128
+    tensors = {"model.embed_tokens.weight": torch.randn(100, h), "model.norm.weight": torch.ones(h)}
+    for n in range(2):
+        p = f"model.layers.{n}."
+        tensors |= {p + "input_layernorm.weight": torch.ones(h), p + "post_attention_layernorm.weight": torch.ones(h),
+                    p + "self_attn.q_proj.weight": torch.randn(h, h), p + "self_attn.k_proj.weight": torch.randn(32, h),
+                    p + "self_attn.v_proj.weight": torch.randn(32, h), p + "self_attn.o_proj.weight": torch.randn(h, h),
+                    p + "mlp.gate_proj.weight": torch.randn(i, h), p + "mlp.up_proj.weight": torch.randn(i, h),
+                    p + "mlp.down_proj.weight": torch.randn(h, i)}
+    save_file(tensors, str(src / "model.safetensors"))
+    (src / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "hidden_size": h}))
+    (src / "tokenizer.json").write_text("{}")
+    return src
+
+
+def digest(folder):
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
+
+
+def test_writes_an_fp8_checkpoint_and_leaves_the_source_alone(source, tmp_path):
+    before = digest(source)
+    dst = tmp_path / "dst"
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(dst),
+                 "--ignore", "model.layers.1.mlp.down_proj"]) == 0
+    assert digest(source) == before
+    config = json.loads((dst / "config.json").read_text())
+    assert config["quantization_config"]["quant_method"] == "fp8"
+    assert config["quantization_config"]["ignored_layers"] == ["model.layers.1.mlp.down_proj"]
+    assert (dst / "tokenizer.json").is_file()
+    with safe_open(str(dst / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.layers.0.self_attn.q_proj.weight").dtype == torch.float8_e4m3fn
+        assert f.get_tensor("model.layers.0.self_attn.q_proj.weight_scale").shape == (64, 1)
+        assert f.get_tensor("model.layers.1.mlp.down_proj.weight").dtype == torch.float32  # ignored
+        assert f.get_tensor("model.embed_tokens.weight").dtype == torch.float32
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(dst)]) == 1  # exists
+
+
+def test_an_interrupted_run_leaves_no_destination(source, tmp_path, monkeypatch):
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(quantize_cmd, "save_shards", interrupted)
+    dst = tmp_path / "dst"
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(dst)]) == 130
+    assert not dst.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
