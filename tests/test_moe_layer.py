@@ -127,3 +127,24 @@ def test_expert_parallel_two_ranks_equals_one(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     for rank in range(2):
         assert (tmp_path / f"rank{rank}.ok").read_text() == "ok"
+
+
+def test_tune_command_shape_per_rank_and_errors():
+    from nanocore.cli.main import main
+    from nanocore.cli.tune_cmd import expert_shape
+    from nanocore.loader.presets import preset_config
+
+    qwen15 = preset_config("Qwen1.5-MoE-A2.7B")
+    assert expert_shape(qwen15, tp=2, ep=1) == dict(num_experts=60, intermediate=704, hidden=2048, top_k=4)
+    assert expert_shape(qwen15, tp=1, ep=4) == dict(num_experts=15, intermediate=1408, hidden=2048, top_k=4)
+    with pytest.raises(ValueError, match="does not split over 8 ranks"):
+        expert_shape(qwen15, tp=1, ep=8)
+    assert main(["tune", "moe", "--model", "dummy:Qwen3-0.6B"]) == 1  # a dense model: a message, no traceback
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only message")
+def test_bench_moe_says_it_needs_a_gpu():
+    from nanocore.bench.moe import main
+
+    with pytest.raises(RuntimeError, match="needs an NVIDIA GPU"):
+        main(["--tokens", "1"])
