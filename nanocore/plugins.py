@@ -95,16 +95,18 @@ class Registry:
             if (allow is not None and not ids & allow) or ids & block:
                 logger.debug("plugin %s (%s) not loaded: excluded by NANOCORE_PLUGINS / NANOCORE_DISABLE_PLUGINS", ep.name, dist_name)
                 continue
-            if ep.name in sources:
-                continue  # same module exposed twice (e.g. editable + regular install)
+            # two distributions may use one entry-point name: keep both, under distinct plugin names
+            plugin_name = ep.name if sources.get(ep.name, (dist_name,))[0] == dist_name else f"{dist_name}:{ep.name}"
+            if plugin_name in sources:
+                continue  # same distribution seen twice (e.g. editable + regular install)
             try:
                 module = ep.load()
-                pm.register(module, name=ep.name)
+                pm.register(module, name=plugin_name)
             except Exception as exc:  # a broken plugin must not break the others
-                registry.failures.append(PluginFailure(ep.name, dist_name, dist_ver, f"{type(exc).__name__}: {exc}"))
+                registry.failures.append(PluginFailure(plugin_name, dist_name, dist_ver, f"{type(exc).__name__}: {exc}"))
                 logger.warning("plugin %s from %s failed to load: %s", ep.name, dist_name, exc)
                 continue
-            sources[ep.name] = (dist_name, dist_ver)
+            sources[plugin_name] = (dist_name, dist_ver)
         for kind, (interface, hook_name) in KINDS.items():
             for impl in getattr(pm.hook, hook_name).get_hookimpls():
                 distribution, version = sources[impl.plugin_name]
