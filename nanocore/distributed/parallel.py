@@ -115,4 +115,5 @@ def _own_group(rank: int, world_size: int, size: int):
 def destroy_distributed() -> None:
     """Leave the process group if this process joined one."""
     if dist.is_available() and dist.is_initialized():
+        dist.barrier()  # rank 0 hosts the store: tearing it down while a peer still uses it aborts gloo
         dist.destroy_process_group()
