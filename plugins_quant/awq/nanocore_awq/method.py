@@ -26,6 +26,8 @@ class AWQLinearMethod(LinearMethod):
 
     quant_method = "awq"
     tolerance = (0.16, 0.05)  # int4 rounds to 1/30 of a group's range; measured worst 0.14 of max|y|
+    #: The shared suite draws K in groups of 128 and N in packs of 8 for this method.
+    conformance_requirements = {"input_size_multiple": 128, "output_size_multiple": 8}
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)

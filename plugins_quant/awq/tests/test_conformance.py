@@ -3,6 +3,4 @@ from nanocore_conformance import LinearMethodConformance
 
 
 class TestAWQ(LinearMethodConformance):
-    backend = "awq"
-    input_size_multiple = 128
-    output_size_multiple = 8
+    backend = "awq"  # input/output size multiples come from AWQLinearMethod.conformance_requirements
