@@ -25,7 +25,8 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        """Blocks an allocation can get: free ones plus evictable cached ones."""
+        """Blocks an allocation can get: free ones plus idle cached ones (an upper bound: a cache may
+        evict some idle blocks only after others, e.g. radix inner nodes after their children)."""
         return len(self.free_blocks) + len(self.evictable)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
@@ -55,10 +56,16 @@ class BlockManager:
         needed = self.blocks_needed(seq, num_tokens)
         if needed > self.num_free_blocks:
             return False
+        taken: list[int] = []
         for _ in range(needed):
             block_id = self._take_block()
+            if block_id is None:  # the cache keeps some idle blocks unevictable for now (radix inner nodes)
+                self.free_blocks.extend(taken)
+                return False
+            taken.append(block_id)
+        for block_id in taken:
             self.ref_counts[block_id] = 1
-            seq.block_table.append(block_id)
+        seq.block_table.extend(taken)
         return True
 
     def free(self, seq: Sequence) -> None:
@@ -92,12 +99,14 @@ class BlockManager:
             else:
                 self.free_blocks.append(block_id)
 
-    def _take_block(self) -> int:
+    def _take_block(self) -> int | None:
         if self.free_blocks:
             return self.free_blocks.popleft()
         block_id = self.prefix_cache.evict()
-        assert block_id is not None and block_id in self.evictable, (
-            f"prefix cache {type(self.prefix_cache).__name__} evicted {block_id!r}, not one of its idle blocks")
+        if block_id is None:
+            return None
+        assert block_id in self.evictable, (
+            f"prefix cache {type(self.prefix_cache).__name__} evicted block {block_id}, which is not idle")
         self.evictable.discard(block_id)
         return block_id
 

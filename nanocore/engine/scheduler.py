@@ -71,28 +71,36 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> ScheduledBatch:
         """Decide, validate and allocate one step. Preempts (and asks the policy again) when KV runs out."""
+        hide_waiting = False  # set when admissions did not fit: ask the policy for running work only
         while True:
             budget = StepBudget(self.max_num_batched_tokens, self.max_num_seqs,
                                 self.block_manager.num_free_blocks, self.block_manager.block_size)
-            decision = self.policy.schedule(SchedulerState(list(self.waiting), list(self.running)), budget)
-            self._validate(decision, budget)
+            waiting = [] if hide_waiting else list(self.waiting)
+            decision = self.policy.schedule(SchedulerState(waiting, list(self.running)), budget)
+            self._validate(decision, budget, waiting)
             preempted_before = self.num_preemptions
-            batch = self._apply(decision)
+            batch, admission_failed = self._apply(decision)
             if batch.seqs:
                 return batch
-            if self.num_preemptions == preempted_before and not self._preempt_latest(exclude=()):
+            if self.num_preemptions > preempted_before:
+                continue
+            if admission_failed and self.running and not hide_waiting:
+                hide_waiting = True
+                continue
+            if not self._preempt_latest(exclude=()):
                 raise PolicyError(
                     f"scheduler policy {self.policy_name!r} scheduled nothing for {len(self.waiting)} waiting "
                     f"sequence(s) although the whole KV cache ({self.block_manager.num_free_blocks} blocks) is "
                     f"available; the policy must schedule at least one sequence when nothing is running")
+            hide_waiting = False
 
-    def _validate(self, decision: ScheduleDecision, budget: StepBudget) -> None:
+    def _validate(self, decision: ScheduleDecision, budget: StepBudget, waiting: list[Sequence]) -> None:
         def fail(why: str) -> None:
             raise PolicyError(f"scheduler policy {self.policy_name!r} returned an invalid decision: {why}")
 
         if not isinstance(decision, ScheduleDecision):
             fail(f"expected a ScheduleDecision, got {type(decision).__name__}")
-        known = {id(s) for s in self.waiting} | {id(s) for s in self.running}
+        known = {id(s) for s in waiting} | {id(s) for s in self.running}
         seen: set[int] = set()
         for item in decision.items:
             seq, n = item.seq, item.num_tokens
@@ -109,36 +117,57 @@ class Scheduler:
         if decision.num_tokens > budget.max_num_batched_tokens:
             fail(f"{decision.num_tokens} tokens exceed max_num_batched_tokens {budget.max_num_batched_tokens}")
 
-    def _apply(self, decision: ScheduleDecision) -> ScheduledBatch:
-        """Admit and allocate in decision order; on exhaustion preempt others, or end the batch here."""
+    def _apply(self, decision: ScheduleDecision) -> tuple[ScheduledBatch, bool]:
+        """Admit and allocate in decision order. A running sequence that does not fit preempts later
+        arrivals (or itself, ending the batch); an admission that does not fit is undone and closes
+        admissions for this step. Returns the batch and whether an admission failed."""
         batch = ScheduledBatch([], [])
         scheduled: set[int] = set()
         waiting_at_decision = {id(s) for s in self.waiting}
+        admission_failed = False
         for item in decision.items:
             seq = item.seq
             newly_admitted = id(seq) in waiting_at_decision
             if seq.status is not (SequenceStatus.WAITING if newly_admitted else SequenceStatus.RUNNING):
                 continue  # preempted earlier in this step
             if newly_admitted:
-                position = self.waiting.index(seq)
-                self.waiting.remove(seq)
-                cached = self.block_manager.match_prefix(seq)
-            num_tokens = min(item.num_tokens, seq.num_uncomputed_tokens)
-            while not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
-                if self._preempt_latest(exclude=scheduled | {id(seq)}):
+                if admission_failed:
+                    continue  # keep the waiting order: no admission after one that did not fit
+                if not self._admit(seq, item.num_tokens):
+                    admission_failed = True
                     continue
-                if newly_admitted:  # undo the admission: it waits where it was
-                    self.block_manager.free(seq)
-                    self.waiting.insert(position, seq)
-                else:
-                    self._preempt(seq)
-                return batch
-            if newly_admitted:
-                self._admitted(seq, cached)
+            else:
+                num_tokens = min(item.num_tokens, seq.num_uncomputed_tokens)
+                if not self._allocate_running(seq, num_tokens, scheduled):
+                    return batch, admission_failed
             scheduled.add(id(seq))
             batch.seqs.append(seq)
-            batch.num_tokens.append(num_tokens)
-        return batch
+            batch.num_tokens.append(min(item.num_tokens, seq.num_uncomputed_tokens))
+        return batch, admission_failed
+
+    def _admit(self, seq: Sequence, num_tokens: int) -> bool:
+        """Match the prefix cache and allocate; on failure undo, leaving ``seq`` where it waited."""
+        position = self.waiting.index(seq)
+        self.waiting.remove(seq)
+        cached = self.block_manager.match_prefix(seq)
+        num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
+        if not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
+            self.block_manager.free(seq)
+            self.waiting.insert(position, seq)
+            return False
+        self._admitted(seq, cached)
+        return True
+
+    def _allocate_running(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> bool:
+        """Allocate for a running sequence, preempting the latest arrival not yet scheduled while
+        that is someone else; False (``seq`` preempted itself) when ``seq`` is the latest."""
+        while not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
+            candidates = [s for s in self.running if id(s) not in scheduled]
+            victim = max(candidates, key=lambda s: s.arrival_index)
+            self._preempt(victim)
+            if victim is seq:
+                return False
+        return True
 
     def _admitted(self, seq: Sequence, cached: int) -> None:
         if seq.num_cached_tokens < 0:
