@@ -208,6 +208,22 @@ class LLMEngine:
             out.setdefault(token_id, Logprob(lp, rank, decode(token_id)))
         return out
 
+    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+        """Teacher-forced logits ``[len(token_ids), vocab]`` through the paged cache and configured codec.
+
+        Runs on an idle engine (evaluation); the blocks are borrowed and given back.
+        """
+        if self.has_unfinished_requests():
+            raise RuntimeError("prompt_logits needs an idle engine; finish or abort the running requests first")
+        seq = Sequence(-1, -1, token_ids, SamplingParams(max_tokens=1), max_tokens=1)
+        if not token_ids or not self.block_manager.allocate(seq, len(token_ids)):
+            raise ValueError(f"{len(token_ids)} tokens do not fit in the KV cache ({self.block_manager.num_blocks} "
+                             f"blocks of {self.block_manager.block_size}); use a shorter window or more KV blocks")
+        try:
+            return self.runner.prompt_logits(seq)
+        finally:
+            self.block_manager.free(seq)
+
     def get_stats(self) -> EngineStats:
         self.stats.prefix_cache = self.block_manager.stats()
         return self.stats
