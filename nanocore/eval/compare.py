@@ -70,12 +70,20 @@ def summary(rows: list[dict]) -> dict:
             "mean_kl": sum(r["mean_kl"] for r in rows) / n}
 
 
+def prompt_token_ids(engine, prompt: str) -> list[int]:
+    """Tokenized prompt; models without a tokenizer (dummy weights) get its bytes modulo the vocabulary."""
+    if engine.tokenizer is not None:
+        return engine.tokenize(prompt)
+    vocab = engine.loaded.hf_config.vocab_size
+    return [b % vocab for b in prompt.encode()]
+
+
 def compare(config_a, config_b, prompts: list[str] | None = None, max_tokens: int = 32) -> dict:
     """Build A, run it, free it, build B, run it; return per-prompt rows and the summary."""
     from nanocore.engine.llm_engine import LLMEngine
 
     engine = LLMEngine(config_a)
-    prompt_ids = [engine.tokenize(p) for p in (prompts or PROMPTS)]
+    prompt_ids = [prompt_token_ids(engine, p) for p in (prompts or PROMPTS)]
     side_a = run_side(engine, prompt_ids, max_tokens, None)
     sequences = [p + o for p, o in zip(prompt_ids, side_a.outputs)]
     del engine

