@@ -134,6 +134,8 @@ class LLMEngine:
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Schedule, run the model, append sampled tokens, check stops; return requests that finished."""
+        if not self.scheduler.has_unfinished():
+            return []
         batch = self.scheduler.schedule()
         result = self.runner.execute(batch.seqs, batch.num_tokens)
         for seq, num_tokens in zip(batch.seqs, batch.num_tokens):
