@@ -140,30 +140,32 @@ def test_bad_inputs_are_clear_errors(fake_llm):
 
 
 # ---- real model code (tiny random checkpoints) ---------------------------------------------------
-@pytest.fixture(scope="module")
-def tiny_llama(tmp_path_factory):
+@pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
+def tiny_ckpt(request, tmp_path_factory):
     from model_fixtures import make_checkpoint
-    return make_checkpoint(tmp_path_factory.mktemp("tiny_llama"), "llama")
+    return make_checkpoint(tmp_path_factory.mktemp(f"tiny_{request.param}"), request.param)
 
 
 @pytest.mark.parametrize("fields", [
     {"block_size": 16, "num_kv_blocks": 64},
     {"block_size": 4, "num_kv_blocks": 20, "max_num_batched_tokens": 16},  # chunked prefill + preemption
 ])
-def test_tiny_llama_greedy_matches_full_recompute_and_transformers(tiny_llama, one_thread, fields):
+def test_tiny_models_greedy_match_full_recompute_and_transformers(tiny_ckpt, one_thread, fields):
     from model_fixtures import hf_model
-    llm = LLM(str(tiny_llama), dtype="float32", **{**CPU, **fields})
+    llm = LLM(str(tiny_ckpt), dtype="float32", **{**CPU, **fields})
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 17, 33, 9)]
     outs = llm.generate(prompts, greedy(max_tokens=32, ignore_eos=True), use_tqdm=False)
     model = llm.engine.loaded.model
-    hf = hf_model(tiny_llama)
+    hf = hf_model(tiny_ckpt)
     for prompt, out in zip(prompts, outs):
         tokens = out.outputs[0].token_ids
         assert tokens == greedy_full_recompute(model, prompt, 32)
-        with torch.no_grad():
-            ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False, min_new_tokens=32,
-                              pad_token_id=0)[0, len(prompt):].tolist()
+        ids = list(prompt)
+        with torch.no_grad():  # plain greedy loop: hf.generate would suppress EOS under min_new_tokens
+            for _ in range(32):
+                ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
+        ref = ids[len(prompt):]
         assert tokens == ref
 
 
