@@ -53,10 +53,17 @@ class LinearMethodConformance(BackendContractConformance):
     input_size_multiple: ClassVar[int] = 1
     output_size_multiple: ClassVar[int] = 1
 
+    def multiples(self, backend_cls) -> tuple[int, int]:
+        """(K multiple, N multiple): the backend's declared ``conformance_requirements`` win over the class's."""
+        declared = getattr(backend_cls, "conformance_requirements", {})
+        return (declared.get("input_size_multiple", self.input_size_multiple),
+                declared.get("output_size_multiple", self.output_size_multiple))
+
     def _check_against_oracle(self, backend_cls, options, dtype, device, shape, seed):
         leading, k_units, n_units, use_bias = shape
-        k = k_units * self.input_size_multiple
-        partitions = [n * self.output_size_multiple for n in n_units]
+        k_multiple, n_multiple = self.multiples(backend_cls)
+        k = k_units * k_multiple
+        partitions = [n * n_multiple for n in n_units]
         g = generator(seed)
         weight = randn(sum(partitions), k, seed_gen=g, scale=k ** -0.5)
         x = randn(*leading, k, seed_gen=g, dtype=dtype, device=device)
@@ -87,7 +94,8 @@ class LinearMethodConformance(BackendContractConformance):
         self._check_against_oracle(backend_cls, backend_options, dtype, device, shape, seed)
 
     def test_loaded_weights_change_the_output(self, backend_cls, backend_options, dtype, device):
-        k, n = 4 * self.input_size_multiple, 2 * self.output_size_multiple
+        k_multiple, n_multiple = self.multiples(backend_cls)
+        k, n = 4 * k_multiple, 2 * n_multiple
         g = generator(1)
         x = randn(3, k, seed_gen=g, dtype=dtype, device=device)
         outs = []
@@ -98,7 +106,8 @@ class LinearMethodConformance(BackendContractConformance):
         assert not torch.allclose(outs[0], outs[1]), "apply ignores the loaded weights (negated weights gave the same output)"
 
     def test_wrong_input_size_is_an_error(self, backend_cls, backend_options, dtype, device):
-        k, n = 2 * self.input_size_multiple, self.output_size_multiple
+        k_multiple, n_multiple = self.multiples(backend_cls)
+        k, n = 2 * k_multiple, n_multiple
         method = backend_cls(backend_options)
         layer = build_layer(method, randn(n, k, seed_gen=generator(0)), [n], dtype, device)
         x = randn(2, k + 1, seed_gen=generator(1), dtype=dtype, device=device)
