@@ -1,0 +1,52 @@
+"""``decode_first``: every running decode gets its token, the rest of the budget goes to prefill chunks.
+
+One step is one mixed forward: first one token for each running sequence that is decoding (oldest
+first), then prefill chunks of at most ``chunk_size`` tokens, partially prefilled sequences before
+new ones, new ones in arrival order. A long prompt therefore advances chunk by chunk while the
+running decodes keep producing a token every step.
+"""
+from __future__ import annotations
+
+from nanocore.interfaces import ScheduleDecision, SchedulerPolicy, SchedulerState, StepBudget, check_options
+
+DEFAULT_CHUNK_SIZE = 128
+
+
+class DecodeFirstPolicy(SchedulerPolicy):
+    auto_priority = None  # a latency trade-off the user opts into; "auto" keeps prefill_first
+
+    def __init__(self, options=None):
+        super().__init__(check_options("decode_first", dict(options or {}), {"chunk_size": int}))
+        self.chunk_size = self.options.get("chunk_size", DEFAULT_CHUNK_SIZE)
+        if isinstance(self.chunk_size, bool) or self.chunk_size < 0:
+            raise ValueError(f"decode_first chunk_size must be an int >= 0 (0 = only the token budget caps a "
+                             f"chunk), got {self.chunk_size!r}")
+
+    def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:
+        decision = ScheduleDecision()
+        free_blocks = budget.num_free_blocks
+        for seq in state.running:
+            if seq.num_uncomputed_tokens != 1:
+                continue  # still prefilling: handled below
+            if not self._has_room(decision, budget):
+                break
+            # no block check: a decode that does not fit makes the core preempt the latest arrival
+            free_blocks -= budget.blocks_needed(seq, 1)
+            decision.add(seq, 1)
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        for seq in [*prefilling, *state.waiting]:
+            if not self._has_room(decision, budget):
+                break
+            num_tokens = min(seq.num_uncomputed_tokens, budget.max_num_batched_tokens - decision.num_tokens)
+            if self.chunk_size:
+                num_tokens = min(num_tokens, self.chunk_size)
+            needed = budget.blocks_needed(seq, num_tokens)
+            if needed > free_blocks:
+                break  # keep arrival order: no overtaking by smaller prompts
+            free_blocks -= needed
+            decision.add(seq, num_tokens)
+        return decision
+
+    @staticmethod
+    def _has_room(decision: ScheduleDecision, budget: StepBudget) -> bool:
+        return decision.num_tokens < budget.max_num_batched_tokens and len(decision.items) < budget.max_num_seqs
