@@ -11,9 +11,9 @@ THROUGHPUT_COLUMNS = ["model", "num_seqs", "prompt_tokens", "output_tokens", "se
 
 
 def add_throughput_args(p) -> None:
-    p.add_argument("--num-seqs", type=int, default=16, help="sequences in the batch (default 16)")
-    p.add_argument("--min-len", type=int, default=16, help="shortest prompt / output (default 16)")
-    p.add_argument("--max-len", type=int, default=64, help="longest prompt / output (default 64)")
+    p.add_argument("--num-seqs", type=int, default=256, help="sequences in the batch (default 256, Nano-vLLM's)")
+    p.add_argument("--min-len", type=int, default=100, help="shortest prompt / output (default 100)")
+    p.add_argument("--max-len", type=int, default=1024, help="longest prompt / output (default 1024)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--workload-seed", type=int, default=0, help="seed of the random workload (default 0)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -21,26 +21,78 @@ def add_throughput_args(p) -> None:
 
 def run_throughput_cmd(args) -> int:
     from nanocore.bench.report import config_summary, environment, format_table, write_json
-    from nanocore.bench.throughput import result_dict, run_throughput
+    from nanocore.bench.memory_floor import floor_report
+    from nanocore.bench.throughput import make_workload, result_dict, run_throughput
     from nanocore.engine.llm import LLM
 
     config = engine_config_from_args(args)
     llm = LLM(config=config)
     result = run_throughput(llm, args.num_seqs, args.min_len, args.max_len, args.temperature, args.workload_seed,
                             use_tqdm=args.progress)
-    row = {"model": config.model, **result_dict(result)}
-    print(format_table([row], THROUGHPUT_COLUMNS))
+    workload = make_workload(args.num_seqs, args.min_len, args.max_len, llm.engine.loaded.hf_config.vocab_size,
+                             args.workload_seed)
+    floor = floor_report(llm, [len(p) for p, _ in workload], [n for _, n in workload], result.steps, result.seconds)
+    row = {"model": config.model, **result_dict(result), "fraction_of_floor": floor["fraction_of_floor"]}
+    print(format_table([row], THROUGHPUT_COLUMNS + ["fraction_of_floor"]))
     write_json(args.json, {"command": "bench throughput", "workload": {
         "num_seqs": args.num_seqs, "min_len": args.min_len, "max_len": args.max_len,
         "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True},
-        "result": result_dict(result), "config": config_summary(config),
+        "result": result_dict(result), "memory_floor": floor, "config": config_summary(config),
+        "kv_capacity_tokens": llm.engine.runner.capacity_tokens,
         "environment": environment(str(llm.engine.device))})
+    return 0
+
+
+def add_latency_args(p) -> None:
+    p.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (default 128)")
+    p.add_argument("--output-len", type=int, default=128, help="output tokens (default 128)")
+    p.add_argument("--repeats", type=int, default=3, help="timed requests; the median is reported (default 3)")
+
+
+def run_latency_cmd(args) -> int:
+    from nanocore.bench.latency import run_latency
+    return _run_single(args, "bench latency", lambda llm: run_latency(llm, args.prompt_len, args.output_len,
+                                                                       args.repeats),
+                       ["model", "prompt_len", "output_len", "ttft_ms", "tpot_ms", "decode_tokens_per_s"])
+
+
+def add_prefill_args(p) -> None:
+    p.add_argument("--num-seqs", type=int, default=8, help="prompts in the batch (default 8)")
+    p.add_argument("--prompt-len", type=int, default=4096, help="tokens per prompt (default 4096)")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="dense peak for MFU (default: 790 on CUDA, the measured H200 bf16 figure; none on CPU)")
+
+
+def run_prefill_cmd(args) -> int:
+    from nanocore.bench.prefill import run_prefill
+
+    def measure(llm):
+        peak = args.peak_tflops or (790.0 if llm.engine.device.type == "cuda" else None)
+        return run_prefill(llm, args.num_seqs, args.prompt_len, peak)
+    return _run_single(args, "bench prefill", measure,
+                       ["model", "num_seqs", "prompt_len", "seconds", "prefill_tokens_per_s", "tflops_per_s", "mfu"])
+
+
+def _run_single(args, command: str, measure, columns: list[str]) -> int:
+    """Build the engine from the flags, measure one row, print it and write JSON with provenance."""
+    from nanocore.bench.report import config_summary, environment, format_table, write_json
+    from nanocore.engine.llm import LLM
+
+    config = engine_config_from_args(args)
+    llm = LLM(config=config)
+    row = {"model": config.model, **measure(llm)}
+    print(format_table([row], columns))
+    write_json(args.json, {"command": command, "result": row, "config": config_summary(config),
+                           "kv_capacity_tokens": llm.engine.runner.capacity_tokens,
+                           "environment": environment(str(llm.engine.device))})
     return 0
 
 
 #: mode -> (help, add_arguments(parser), run(args) -> exit code)
 MODES = {
     "throughput": ("offline batch throughput (random prompts, ignore EOS)", add_throughput_args, run_throughput_cmd),
+    "latency": ("batch-1 TTFT and TPOT (greedy, ignore EOS)", add_latency_args, run_latency_cmd),
+    "prefill": ("prefill tokens/s and MFU for a batch of long prompts", add_prefill_args, run_prefill_cmd),
 }
 
 
@@ -54,3 +106,6 @@ def register(subparsers) -> None:
         mode.add_argument("--json", metavar="PATH", help="write the result as JSON")
         add_engine_args(mode)
         mode.set_defaults(func=run)
+    from nanocore.bench import moe as moe_bench  # a kernel microbench: no engine, its own flags
+    moe_bench.add_arguments(sub.add_parser("moe", help="MoE executors on random routed tokens: fused vs eager"))
+    sub.choices["moe"].set_defaults(func=moe_bench.run_from_args)

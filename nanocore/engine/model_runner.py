@@ -90,20 +90,31 @@ class ModelRunner:
         self.block_size = config.block_size
         self.eos_token_ids = list(eos_token_ids)
         num_layers, num_kv_heads, head_dim = kv_cache_spec
-        bytes_per_block = kv_bytes_per_block(codec, kv_cache_spec, dtype, self.block_size)
+        self.bytes_per_block = bytes_per_block = kv_bytes_per_block(codec, kv_cache_spec, dtype, self.block_size)
         if config.num_kv_blocks is not None:
             self.num_blocks = config.num_kv_blocks
         elif device.type == "cuda":
             self.num_blocks = profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
         else:
             self.num_blocks = num_kv_blocks_for_cpu(config, bytes_per_block)
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB, codec %r)", self.num_blocks, self.block_size,
-                    self.num_blocks * bytes_per_block / 2**30, codec.name)
+        logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB, codec %r)", self.num_blocks,
+                    self.block_size, self.num_blocks * self.block_size, self.num_blocks * bytes_per_block / 2**30,
+                    codec.name)
         self.kv_caches = [codec.allocate(self.num_blocks, self.block_size, num_kv_heads, head_dim, dtype, device)
                           for _ in range(num_layers)]
         generator = torch.Generator(device=device)
         generator.manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self.decode_graphs = None
+        if device.type == "cuda" and not config.enforce_eager:
+            from nanocore.engine.cuda_graphs import DecodeGraphs
+            self.decode_graphs = DecodeGraphs(model, self.kv_caches, codec, config.max_num_seqs, max_model_len,
+                                              self.block_size, device)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """KV-cache capacity in tokens (all sequences together)."""
+        return self.num_blocks * self.block_size
 
     # ---- inputs --------------------------------------------------------------------------
     def prepare(self, seqs: list[Sequence], num_tokens: list[int], all_logits: bool = False) -> StepInputs:
@@ -173,7 +184,10 @@ class ModelRunner:
     def execute(self, seqs: list[Sequence], num_tokens: list[int]) -> StepResult:
         """Run one step of the scheduled batch and sample for the sequences that reach their end."""
         inputs = self.prepare(seqs, num_tokens)
-        hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
+        if self.decode_graphs is not None and self.decode_graphs.can_run(inputs.meta, len(seqs)):
+            hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        else:
+            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
         sampled = [seqs[i] for i in inputs.sample_rows]
         if not sampled:
             return StepResult([], [])

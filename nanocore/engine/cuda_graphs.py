@@ -1,0 +1,84 @@
+"""CUDA graphs for decode steps: one graph per batch-size bucket, replayed on persistent buffers.
+
+Every decode batch of up to ``max_num_seqs`` sequences runs in the smallest captured bucket that holds
+it (buckets 1, 2, 4, 8, then every multiple of 8 up to ``max_num_seqs``: no gaps); padding rows store
+to slot -1 and attend over zero keys. The block-table width comes from ``max_model_len`` and attention
+is captured with ``max_seq_len = max_model_len``, so any context length replays the same graph.
+Logits and sampling run outside the graph (they depend on the sampling parameters).
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from nanocore.layers.attention import AttentionMetadata
+
+logger = logging.getLogger("nanocore")
+
+
+def decode_buckets(max_num_seqs: int) -> list[int]:
+    """Captured batch sizes: small powers of two, then steps of 8, always ending at max_num_seqs."""
+    sizes = [b for b in (1, 2, 4, 8) if b < max_num_seqs]
+    sizes += list(range(16, max_num_seqs, 8))
+    return sorted(set(sizes + [max_num_seqs]))
+
+
+class DecodeGraphs:
+    def __init__(self, model, kv_caches, codec, max_num_seqs: int, max_model_len: int, block_size: int,
+                 device: torch.device):
+        self.model = model
+        self.buckets = decode_buckets(max_num_seqs)
+        self.max_model_len = max_model_len
+        max_bs = self.buckets[-1]
+        max_blocks = -(-max_model_len // block_size)
+        zeros = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
+        self.input_ids = zeros(max_bs, dtype=torch.int64)
+        self.positions = zeros(max_bs, dtype=torch.int64)
+        self.slot_mapping = torch.full((max_bs,), -1, dtype=torch.int64, device=device)
+        self.seq_lens = zeros(max_bs, dtype=torch.int32)
+        self.block_tables = zeros(max_bs, max_blocks, dtype=torch.int32)
+        self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
+        self.kv_caches, self.codec = kv_caches, codec
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self._capture_all(device)
+
+    def _meta(self, bs: int) -> AttentionMetadata:
+        return AttentionMetadata(
+            slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
+            seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
+            max_query_len=1, max_seq_len=self.max_model_len, kv_caches=self.kv_caches, codec=self.codec)
+
+    @torch.inference_mode()
+    def _capture_all(self, device: torch.device) -> None:
+        pool = torch.cuda.graph_pool_handle()
+        for bs in reversed(self.buckets):  # largest first so smaller graphs reuse its memory pool
+            meta = self._meta(bs)
+            args = (self.input_ids[:bs], self.positions[:bs], meta)
+            self.model.forward(*args)  # warm-up: Triton autotuning / compilation outside capture
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                self.outputs[bs] = self.model.forward(*args)
+            self.graphs[bs] = graph
+        torch.cuda.synchronize(device)
+        logger.info("captured %d decode CUDA graphs (batch sizes %s)", len(self.buckets), self.buckets)
+
+    def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
+        return meta.is_decode_only and num_seqs <= self.buckets[-1] and meta.max_seq_len <= self.max_model_len
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Hidden states ``[num_seqs, H]`` of a decode step, replayed in the smallest fitting bucket."""
+        n = input_ids.shape[0]
+        bs = next(b for b in self.buckets if b >= n)
+        self.input_ids[:n].copy_(input_ids)
+        self.positions[:n].copy_(positions)
+        self.slot_mapping[:n].copy_(meta.slot_mapping)
+        self.slot_mapping[n:bs].fill_(-1)
+        self.seq_lens[:n].copy_(meta.seq_lens)
+        self.seq_lens[n:bs].fill_(0)
+        width = meta.block_tables.shape[1]
+        self.block_tables[:n, :width].copy_(meta.block_tables)
+        self.graphs[bs].replay()
+        return self.outputs[bs][:n]
