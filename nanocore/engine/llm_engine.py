@@ -120,7 +120,7 @@ class LLMEngine:
                 if incremental and self.tokenizer is not None else None)
             self.scheduler.add(seq)
         self.requests[request_id] = request
-        self.stats.num_prompt_tokens += len(token_ids)
+        self.stats.num_prompt_tokens += len(token_ids) * params.n  # each sample may hit the cache
         return request
 
     def abort_request(self, request_id: str) -> None:

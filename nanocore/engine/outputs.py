@@ -41,10 +41,10 @@ class EngineStats:
     """Counters since the engine started (``LLM.stats()``)."""
 
     num_steps: int = 0
-    num_prompt_tokens: int = 0  # prompt tokens of added requests
+    num_prompt_tokens: int = 0  # prompt tokens of added sequences (n per request)
     num_computed_tokens: int = 0  # tokens run through the model (prefill, recompute and decode)
     num_generated_tokens: int = 0
-    num_cached_tokens: int = 0  # prefix-cache hits, in tokens
+    num_cached_tokens: int = 0  # of those, served by the prefix cache (never the recomputed last block)
     num_preemptions: int = 0
     num_finished_requests: int = 0
     prefix_cache: dict = field(default_factory=dict)

@@ -42,7 +42,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
-        self.num_cached_tokens = 0  # prefix-cache hits of admitted sequences
+        self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
 
     # ---- admission -----------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -170,9 +170,9 @@ class Scheduler:
         return True
 
     def _admitted(self, seq: Sequence, cached: int) -> None:
-        if seq.num_cached_tokens < 0:
+        if seq.num_cached_tokens < 0:  # re-admissions after preemption find its own KV again: not prompt hits
             seq.num_cached_tokens = cached
-        self.num_cached_tokens += cached
+            self.num_cached_tokens += cached
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
