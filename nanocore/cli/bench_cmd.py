@@ -4,6 +4,7 @@ Modes live in ``MODES`` (name -> (help, add_arguments, run)); the GPU modes (lat
 """
 from __future__ import annotations
 
+from nanocore.bench import prefix as prefix_bench
 from nanocore.cli.common import add_engine_args, engine_config_from_args
 
 THROUGHPUT_COLUMNS = ["model", "num_seqs", "prompt_tokens", "output_tokens", "seconds", "output_tokens_per_s",
@@ -91,6 +92,8 @@ def _run_single(args, command: str, measure, columns: list[str]) -> int:
 #: mode -> (help, add_arguments(parser), run(args) -> exit code)
 MODES = {
     "throughput": ("offline batch throughput (random prompts, ignore EOS)", add_throughput_args, run_throughput_cmd),
+    "prefix": ("prefix-cache token hit rate and wall time on shared prompt prefixes", prefix_bench.add_arguments,
+               prefix_bench.run_from_args),
     "latency": ("batch-1 TTFT and TPOT (greedy, ignore EOS)", add_latency_args, run_latency_cmd),
     "prefill": ("prefill tokens/s and MFU for a batch of long prompts", add_prefill_args, run_prefill_cmd),
 }
