@@ -1,0 +1,195 @@
+"""Drive a policy through the engine's real Scheduler and BlockManager with a fake model step.
+
+The fake model keeps a simulated KV cache (slot -> token id written there) and samples a token that
+is a function of the context it *reads back from the cache* through the block table. So a chunk at
+the wrong position, a block shared by two sequences, or a preempted sequence restored with stale or
+missing KV changes the outputs, which are compared with the same function applied without any
+scheduling. Every step also checks the budget, ``max_num_seqs``, contiguity and block accounting.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nanocore.engine.block_manager import BlockManager
+from nanocore.engine.sampling_params import SamplingParams
+from nanocore.engine.scheduler import Scheduler
+from nanocore.engine.sequence import Sequence, SequenceStatus
+from nanocore.plugins import get_registry
+
+VOCAB = 97
+
+
+def fake_next_token(context: list[int]) -> int:
+    """Deterministic next token of a context (depends on order, length and recent tokens)."""
+    return (sum(context[-3:]) * 31 + 7 * len(context) + context[0]) % VOCAB
+
+
+def expected_outputs(prompt: list[int], num_outputs: int) -> list[int]:
+    tokens = list(prompt)
+    for _ in range(num_outputs):
+        tokens.append(fake_next_token(tokens))
+    return tokens[len(prompt):]
+
+
+def make_prompt(seq_id: int, length: int) -> list[int]:
+    return [(seq_id * 13 + 5 * j + 1) % VOCAB for j in range(length)]
+
+
+@dataclass
+class DriveResult:
+    steps: int
+    num_preemptions: int
+    outputs: dict[int, list[int]]
+    first_admitted: dict[int, int] = field(default_factory=dict)  # seq id -> step of its first tokens
+    max_batch_tokens: int = 0
+
+
+class SchedulerDriver:
+    """The engine's step loop with a fake model: schedule -> write KV -> read context -> sample -> finish."""
+
+    def __init__(self, policy, max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_blocks: int,
+                 max_model_len: int = 1 << 20):
+        prefix_cache = get_registry().get("prefix_cache", "none").cls(block_size, num_blocks)
+        self.block_manager = BlockManager(num_blocks, block_size, prefix_cache)
+        self.scheduler = Scheduler(policy, self.block_manager, max_num_seqs, max_num_batched_tokens, max_model_len)
+        self.kv: list[int | None] = [None] * (num_blocks * block_size)
+        self.progress: dict[int, int] = {}  # seq id -> tokens it has computed, as this driver saw them
+        preempt = self.scheduler._preempt
+        self.scheduler._preempt = lambda seq: self._check_preempt(preempt, seq)  # see every preemption
+
+    def _check_preempt(self, preempt, seq: Sequence) -> None:
+        num_free = self.block_manager.num_free_blocks
+        preempt(seq)
+        assert seq.num_blocks == 0 and seq.num_computed_tokens == 0 and seq.status is SequenceStatus.WAITING, (
+            f"preempted {seq} still holds KV or is not waiting")
+        assert self.scheduler.waiting[0] is seq, "a preempted sequence must wait at the front of the queue"
+        assert self.block_manager.num_free_blocks >= num_free, "preemption did not free the sequence's blocks"
+        self.progress.pop(seq.seq_id, None)  # recomputation restarts at position 0
+
+    def slot(self, seq: Sequence, position: int) -> int:
+        bs = self.block_manager.block_size
+        return seq.block_table[position // bs] * bs + position % bs
+
+    def run(self, arrivals: list[tuple[int, int, int]], preempt_at: frozenset[int] = frozenset()) -> DriveResult:
+        """``arrivals`` [(step, prompt_len, output_len)]; runs to completion, checking every step. Before the
+        steps in ``preempt_at`` the latest running arrival is preempted, as KV pressure from outside would."""
+        seqs = [Sequence(i, i, make_prompt(i, p), SamplingParams(max_tokens=o, ignore_eos=True), o)
+                for i, (_, p, o) in enumerate(arrivals)]
+        result = DriveResult(0, 0, {})
+        max_steps = sum(p + o for _, p, o in arrivals) * (2 + len(arrivals)) + max(a for a, _, _ in arrivals) + 1
+        step = 0
+        while step <= max(a for a, _, _ in arrivals) or self.scheduler.has_unfinished():
+            assert step <= max_steps, f"no progress after {step} steps: {self.scheduler.waiting} {self.scheduler.running}"
+            for seq, (arrive, _, _) in zip(seqs, arrivals):
+                if arrive == step:
+                    self.scheduler.add(seq)
+            step += 1
+            if step in preempt_at and self.scheduler.running:
+                self.scheduler._preempt_latest(exclude=())  # the core's own path, forced at any state
+            if self.scheduler.has_unfinished():
+                self.step(step, result)
+        assert self.block_manager.num_free_blocks == self.block_manager.num_blocks, "blocks leaked after the run"
+        result.steps, result.num_preemptions = step, self.scheduler.num_preemptions
+        result.outputs = {s.seq_id: s.output_token_ids for s in seqs}
+        return result
+
+    def step(self, step: int, result: DriveResult) -> None:
+        batch = self.scheduler.schedule()
+        self.check_batch(batch)
+        self.check_preempted_and_blocks()
+        result.max_batch_tokens = max(result.max_batch_tokens, batch.total_tokens)
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            result.first_admitted.setdefault(seq.seq_id, step)
+            start = seq.num_computed_tokens
+            assert start == self.progress.get(seq.seq_id, 0), (
+                f"sequence {seq.seq_id} resumes at position {start}, but {self.progress.get(seq.seq_id, 0)} "
+                f"tokens were computed before: chunks must be contiguous")
+            for position in range(start, start + n):
+                self.kv[self.slot(seq, position)] = seq.token_ids[position]
+        sampled = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            seq.num_computed_tokens += n
+            self.progress[seq.seq_id] = seq.num_computed_tokens
+            self.block_manager.publish(seq)
+            if seq.num_computed_tokens == seq.num_tokens:
+                context = [self.kv[self.slot(seq, p)] for p in range(seq.num_tokens)]
+                assert context == seq.token_ids, f"sequence {seq.seq_id} reads KV of other tokens from its blocks"
+                sampled.append((seq, fake_next_token(context)))
+        for seq, token in sampled:
+            seq.append_token(token)
+            if seq.num_output_tokens >= seq.max_tokens:
+                self.scheduler.finish(seq)
+                self.progress.pop(seq.seq_id, None)
+
+    def check_batch(self, batch) -> None:
+        s = self.scheduler
+        assert batch.seqs, "the scheduler returned an empty batch with work left"
+        assert len(batch.seqs) <= s.max_num_seqs, f"{len(batch.seqs)} sequences exceed max_num_seqs {s.max_num_seqs}"
+        assert batch.total_tokens <= s.max_num_batched_tokens, (
+            f"{batch.total_tokens} tokens exceed max_num_batched_tokens {s.max_num_batched_tokens}")
+        assert len({id(q) for q in batch.seqs}) == len(batch.seqs), "a sequence runs twice in one step"
+        bs = self.block_manager.block_size
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            assert seq.status is SequenceStatus.RUNNING, f"scheduled sequence {seq.seq_id} is {seq.status.value}"
+            assert 1 <= n <= seq.num_uncomputed_tokens, f"sequence {seq.seq_id}: {n} tokens of {seq.num_uncomputed_tokens}"
+            assert seq.num_blocks * bs >= seq.num_computed_tokens + n, f"sequence {seq.seq_id} lacks KV blocks"
+
+    def check_preempted_and_blocks(self) -> None:
+        """A preempted sequence holds no blocks and restarts at 0; every block has exactly one owner."""
+        for seq in self.scheduler.waiting:
+            assert seq.num_blocks == 0 and seq.num_computed_tokens == 0, f"waiting {seq} still holds KV"
+        bs = self.block_manager.block_size
+        for block_id in self.block_manager.free_blocks:  # poison free blocks: reading them without a rewrite fails
+            self.kv[block_id * bs:(block_id + 1) * bs] = [None] * bs
+        owned = [b for seq in self.scheduler.running for b in seq.block_table]
+        assert len(owned) == len(set(owned)), "a KV block is owned by two running sequences"
+        bm = self.block_manager
+        assert len(owned) + bm.num_free_blocks == bm.num_blocks, (
+            f"{len(owned)} owned + {bm.num_free_blocks} free blocks != {bm.num_blocks}: blocks leaked")
+
+
+def check_arrival_order(arrivals: list[tuple[int, int, int]], first_admitted: dict[int, int]) -> None:
+    """No request gets its first tokens before one that arrived earlier (FIFO admission)."""
+    order = sorted(range(len(arrivals)), key=lambda i: (arrivals[i][0], i))
+    for earlier, later in zip(order, order[1:]):
+        assert first_admitted[earlier] <= first_admitted[later], (
+            f"request {later} (arrival step {arrivals[later][0]}) was admitted at step {first_admitted[later]}, "
+            f"before request {earlier} (arrival step {arrivals[earlier][0]}) at step {first_admitted[earlier]}; "
+            f"a policy that overtakes must declare conformance_requirements = {{'admission_order': None}}")
+
+
+TINY_MODEL = "dummy:tiny-qwen2"
+_loaded_models: dict[str, object] = {}
+
+
+def tiny_loaded_model():
+    """The tiny random Qwen2 preset, built once per process (engines share it; each has its own KV cache)."""
+    if TINY_MODEL not in _loaded_models:
+        from nanocore.config import EngineConfig
+        from nanocore.loader import load_model
+        _loaded_models[TINY_MODEL] = load_model(EngineConfig(model=TINY_MODEL, device="cpu", dtype="float32"), "cpu")
+    return _loaded_models[TINY_MODEL]
+
+
+def engine_greedy_outputs(policy: str, options: dict, arrivals: list[tuple[int, list[int], int]],
+                          **config_fields) -> list[list[int]]:
+    """Greedy outputs of ``arrivals`` [(step, prompt ids, max tokens)] through a real LLMEngine on CPU,
+    each request added at its step."""
+    from nanocore.config import EngineConfig
+    from nanocore.engine.llm_engine import LLMEngine
+
+    config = EngineConfig(model=TINY_MODEL, device="cpu", dtype="float32", prefix_cache="none",
+                          kv_codec="unquantized", scheduler_policy=policy, scheduler_policy_options=options,
+                          **config_fields)
+    engine = LLMEngine(config, loaded_model=tiny_loaded_model())
+    outputs: dict[str, list[int]] = {}
+    step = 0
+    while step <= max(a for a, _, _ in arrivals) or engine.has_unfinished_requests():
+        for i, (arrive, prompt, max_tokens) in enumerate(arrivals):
+            if arrive == step:
+                engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True),
+                                   request_id=str(i))
+        for out in engine.step():
+            outputs[out.request_id] = out.outputs[0].token_ids
+        step += 1
+    return [outputs[str(i)] for i in range(len(arrivals))]
