@@ -33,6 +33,10 @@ class LLM:
     def stats(self) -> EngineStats:
         return self.engine.get_stats()
 
+    def close(self) -> None:
+        """Stop tensor / expert-parallel worker processes (also done when the LLM is collected or at exit)."""
+        self.engine.close()
+
     # ---- batch generation ----------------------------------------------------------------
     def generate(self, prompts: str | Seq[str] | Seq[int] | Seq[Seq[int]],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None,

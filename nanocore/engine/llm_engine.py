@@ -55,6 +55,7 @@ class LLMEngine:
         """``loaded_model``: a ``LoadedModel`` already built (tests); by default ``load_model(config)``."""
         self.config = config
         self.device = resolve_device(config.device)
+        self.workers = None  # WorkerGroup of ranks 1..N-1 when tensor / expert parallel
         if loaded_model is None:
             loaded_model = self._load(config)
         self.loaded = loaded_model
@@ -63,9 +64,12 @@ class LLMEngine:
         self.max_model_len = config.max_model_len or loaded_model.max_model_len
         if loaded_model.max_model_len and self.max_model_len > loaded_model.max_model_len:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {loaded_model.max_model_len}")
-        codec = build_backend("kv_codec", config, self.device)
-        self.runner = ModelRunner(config, loaded_model.model, loaded_model.model.kv_cache_spec, loaded_model.dtype,
-                                  self.device, codec, self.max_model_len, list(self.eos_token_ids))
+        if self.workers is None:
+            codec = build_backend("kv_codec", config, self.device)
+            self.runner = ModelRunner(config, loaded_model.model, loaded_model.model.kv_cache_spec, loaded_model.dtype,
+                                      self.device, codec, self.max_model_len, list(self.eos_token_ids))
+        else:  # every rank builds its codec and runner; the KV block count is the minimum over ranks
+            self.runner = self.workers.build_runner(loaded_model, self.max_model_len, list(self.eos_token_ids))
         prefix_cache = build_backend("prefix_cache", config, self.device, config.block_size, self.runner.num_blocks)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, prefix_cache)
         self.scheduler = Scheduler(build_backend("scheduler_policy", config, self.device), self.block_manager,
@@ -77,10 +81,17 @@ class LLMEngine:
 
     def _load(self, config: EngineConfig):
         if config.tensor_parallel_size > 1 or config.expert_parallel_size > 1:
-            raise ValueError("tensor / expert parallelism is not wired into LLMEngine yet; use tensor_parallel_size=1")
+            from nanocore.engine.worker_group import WorkerGroup
+            self.workers = WorkerGroup(config, self.device)  # spawns ranks 1..N-1; this process is rank 0
+            return self.workers.load_model()
         from nanocore.distributed.parallel import ParallelContext
         from nanocore.loader import load_model
         return load_model(config, self.device, ParallelContext())
+
+    def close(self) -> None:
+        """Stop the tensor / expert-parallel workers (also happens when the engine is collected or at exit)."""
+        if self.workers is not None:
+            self.workers.close()
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:

@@ -81,6 +81,9 @@ def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes
 
 
 class ModelRunner:
+    #: False on tensor/expert-parallel workers: they run every forward (its collectives need them); rank 0 samples
+    samples = True
+
     def __init__(self, config: EngineConfig, model, kv_cache_spec: tuple[int, int, int], dtype: torch.dtype,
                  device: torch.device, codec: KVCodec, max_model_len: int, eos_token_ids: list[int]):
         self.model = model
@@ -192,6 +195,8 @@ class ModelRunner:
         if not sampled:
             return StepResult([], [])
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        if not self.samples:
+            return StepResult(sampled, [])
         out = self.sampler(logits, self.sampling_tensors(sampled))
         result = StepResult(sampled, out.token_ids.tolist())
         if out.logprobs is not None:

@@ -1,0 +1,243 @@
+"""Rank 0's side of tensor / expert parallelism: start the workers, ship each batch, surface failures, stop.
+
+``WorkerGroup`` spawns ranks 1..N-1 (``nanocore.engine.workers.worker_main``) and moves through the same
+stages they do (validated -> process group -> loaded -> KV blocks agreed -> ready), waiting on each
+with a liveness check and a timeout (``NANOCORE_DIST_TIMEOUT_S``, default 600), so a worker that dies
+is a ``WorkerError`` with its traceback, never a hang. ``ParallelModelRunner`` is what LLMEngine holds
+as its runner: it ships the batch, then runs rank 0's own ModelRunner, which samples.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import socket
+import time
+import weakref
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from nanocore.config import EngineConfig
+from nanocore.engine.llm_engine import build_backend
+from nanocore.engine.model_runner import ModelRunner
+from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, dist_timeout,
+                                     join_process_group, rank_device, ship, worker_main, world_size_of)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def check_parallel_config(config: EngineConfig) -> None:
+    """Errors we can give before starting any process."""
+    from nanocore.loader.model_loader import resolve_model_source
+
+    world_size_of(config)
+    hf_config, _ = resolve_model_source(config.model)  # also converts 'default' once, before workers race to
+    is_moe = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+    if config.expert_parallel_size > 1 and not is_moe:
+        raise ValueError(f"expert_parallel_size={config.expert_parallel_size} needs a mixture-of-experts model but "
+                         f"{config.model!r} is dense; use tensor_parallel_size instead")
+
+
+class WorkerGroup:
+    """Ranks 1..N-1 of one engine, seen from rank 0."""
+
+    def __init__(self, config: EngineConfig, device: torch.device):
+        check_parallel_config(config)
+        self.config, self.device = config, device
+        self.world_size = world_size_of(config)
+        rank_device(device, self.world_size - 1)  # every GPU we will need is visible
+        os.environ.update(NVLS_OFF)  # for this process's NCCL and inherited by the workers
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        self.procs: list = []
+        self.conns: list = []
+        self.worker_num_blocks: list[int] = []
+        self._state = {"serving": False, "broken": None, "own_group": False}  # shared with the finalizer, which must not hold self
+        self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self._state)
+        ctx = mp.get_context("spawn")
+        with self._closing_on_error():
+            for rank in range(1, self.world_size):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=worker_main, name=f"nanocore-rank{rank}", daemon=True,
+                                   args=(rank, self.world_size, config.model_dump(), init_method,
+                                         str(rank_device(device, rank)), child))
+                proc.start()
+                child.close()  # so a dead worker reads as EOF here
+                self.procs.append(proc)
+                self.conns.append(parent)
+            self._wait("validated", "while loading plugins and checking the config")
+            self.parallel = join_process_group(0, self.world_size, config, device, init_method)
+            self._state["own_group"] = True
+
+    # ---- start-up stages, called by LLMEngine --------------------------------------------------
+    def load_model(self):
+        from nanocore.loader import load_model
+
+        with self._closing_on_error():
+            return load_model(self.config, self.device, self.parallel)
+
+    def build_runner(self, loaded, max_model_len: int, eos_token_ids: list[int]) -> ParallelModelRunner:
+        """Rank 0's ModelRunner, built alongside the workers' with the KV block count they all agreed on."""
+        with self._closing_on_error():
+            codec = build_backend("kv_codec", self.config, self.device)
+            self._wait("loaded", "while loading the model")
+            config = agreed_runner_config(self.config, loaded, self.device, codec, max_model_len)
+            runner = ModelRunner(config, loaded.model, loaded.model.kv_cache_spec, loaded.dtype, self.device, codec,
+                                 max_model_len, eos_token_ids)
+            self.worker_num_blocks = list(self._wait("ready", "while building its KV cache").values())
+            assert all(n == runner.num_blocks for n in self.worker_num_blocks), (runner.num_blocks, self.worker_num_blocks)
+        self._state["serving"] = True
+        return ParallelModelRunner(runner, self)
+
+    # ---- each step -----------------------------------------------------------------------------
+    def send(self, method: str, *args) -> None:
+        """Ask every worker to run ``method(*args)`` (no reply: the collectives keep us in step)."""
+        if self._state["broken"]:
+            raise WorkerError(self._state["broken"])
+        self.raise_if_failed()
+        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            for conn in self.conns:
+                conn.send_bytes(data)
+        except OSError as exc:
+            self.raise_if_failed(grace_s=1.0)
+            raise WorkerError(f"could not reach a worker ({exc}); close this LLM and build a new one") from exc
+
+    @contextlib.contextmanager
+    def running_step(self):
+        """Rank 0's half of a step; a failure here leaves the ranks out of step for good."""
+        try:
+            yield
+        except BaseException as exc:
+            self._state["broken"] = "an earlier step failed part-way, so the ranks are out of step; close this LLM " \
+                                    "and build a new one"
+            if not isinstance(exc, WorkerError):
+                self.raise_if_failed(grace_s=2.0, cause=exc)
+            raise
+
+    def raise_if_failed(self, grace_s: float = 0.0, cause: BaseException | None = None) -> None:
+        """A WorkerError for the first worker that reported an error or exited (waiting ``grace_s`` for one)."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+                problem = self._problem(rank, proc, conn, "while running a step")
+                if problem:
+                    self._state["broken"] = problem
+                    raise WorkerError(problem) from cause
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+    def close(self) -> None:
+        """Stop the workers and leave the process group (idempotent; also run at GC and at exit)."""
+        self._finalizer()
+
+    # ---- helpers -------------------------------------------------------------------------------
+    def _wait(self, stage: str, doing: str) -> dict[int, object]:
+        """Each worker's reply for ``stage``, in rank order; WorkerError if one fails, dies or times out."""
+        deadline = time.monotonic() + dist_timeout().total_seconds()
+        replies: dict[int, object] = {}
+        while len(replies) < len(self.procs):
+            for rank, (proc, conn) in enumerate(zip(self.procs, self.conns), start=1):
+                if rank in replies:
+                    continue
+                alive = proc.is_alive()  # before poll: a worker that dies after replying still counts
+                if conn.poll(0.02):
+                    kind, value = _recv(conn)
+                    if kind == "error":
+                        raise WorkerError(_describe(rank, doing, value))
+                    assert kind == stage, (kind, stage)
+                    replies[rank] = value
+                elif not alive:
+                    raise WorkerError(_describe(rank, doing, None, proc.exitcode))
+            if time.monotonic() > deadline:
+                missing = [r for r in range(1, len(self.procs) + 1) if r not in replies]
+                raise WorkerError(f"worker rank(s) {missing} did not finish {stage!r} within "
+                                  f"{dist_timeout().total_seconds():.0f} s; raise NANOCORE_DIST_TIMEOUT_S if "
+                                  f"loading is just slow")
+        return dict(sorted(replies.items()))
+
+    def _problem(self, rank: int, proc, conn, doing: str) -> str | None:
+        alive = proc.is_alive()
+        if conn.poll(0):
+            kind, value = _recv(conn)
+            if kind == "error":
+                return _describe(rank, doing, value)
+        if not alive:
+            return _describe(rank, doing, None, proc.exitcode)
+        return None
+
+    @contextlib.contextmanager
+    def _closing_on_error(self):
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
+
+
+class ParallelModelRunner:
+    """Rank 0's ModelRunner front: ships each batch to the workers, then runs the local runner (which samples).
+
+    Everything else (``num_blocks``, ``kv_caches``, ``model``...) is the local runner's.
+    """
+
+    def __init__(self, runner: ModelRunner, workers: WorkerGroup):
+        self.runner, self.workers = runner, workers
+
+    def execute(self, seqs, num_tokens: list[int]):
+        self.workers.send("execute", ship(seqs, num_tokens), list(num_tokens))
+        with self.workers.running_step():
+            return self.runner.execute(seqs, num_tokens)
+
+    def prompt_logits(self, seq) -> torch.Tensor:
+        self.workers.send("prompt_logits", ship([seq], [seq.num_tokens - seq.num_computed_tokens])[0])
+        with self.workers.running_step():
+            return self.runner.prompt_logits(seq)
+
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+
+def _recv(conn) -> tuple[str, object]:
+    try:
+        return conn.recv()
+    except (EOFError, OSError):
+        return "error", None
+
+
+def _describe(rank: int, doing: str, tb: str | None, exitcode: int | None = None) -> str:
+    head = f"tensor/expert-parallel worker rank {rank} failed {doing}"
+    if tb:
+        return f"{head}: {tb.strip().splitlines()[-1]}\n--- worker traceback ---\n{tb.rstrip()}"
+    return f"{head} (exit code {exitcode}, no error reported). If it was killed, check memory; {SPAWN_HINT}"
+
+
+def _shutdown(procs: list, conns: list, state: dict) -> None:
+    """Tell idle workers to exit and leave the group together; otherwise terminate them."""
+    clean = state["serving"] and not state["broken"] and all(p.is_alive() for p in procs)
+    if clean:
+        try:
+            for conn in conns:
+                conn.send_bytes(pickle.dumps(("exit", ())))
+        except OSError:
+            clean = False
+    if state["own_group"] and dist.is_initialized():
+        if clean:
+            with contextlib.suppress(RuntimeError):
+                dist.barrier()  # rank 0 hosts the store: leave together or gloo aborts the workers
+        dist.destroy_process_group()
+        state["own_group"] = False
+    for proc in procs:
+        proc.join(timeout=10 if clean else 0.2)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+    for conn in conns:
+        conn.close()
+    state["serving"] = False

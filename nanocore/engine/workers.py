@@ -1,0 +1,190 @@
+"""Tensor / expert parallelism in the engine: rank 0 is the engine, ranks 1..N-1 mirror its forwards.
+
+Nano-vLLM style. Each worker is a spawned process that loads plugins from entry points (the config
+travels as a dict of names and options, never classes), joins the process group, loads its model
+shard and builds its own ModelRunner and KV cache. Each step rank 0 ships the scheduled batch (per
+sequence: the new token ids, num_computed_tokens, num_tokens, block table) through a pipe; every rank
+runs prepare + forward, so the collectives inside the model pair up, and only rank 0 samples.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from nanocore.config import EngineConfig
+from nanocore.distributed import ParallelContext, init_distributed
+from nanocore.engine.llm_engine import build_backend
+from nanocore.engine.model_runner import ModelRunner, kv_bytes_per_block, num_kv_blocks_for_cpu, profile_num_kv_blocks
+
+#: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
+NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TIMEOUT_ENV = "NANOCORE_DIST_TIMEOUT_S"
+SPAWN_HINT = ("workers are spawned and re-import your main module: if your script builds the LLM at import "
+              "time, put that code under `if __name__ == '__main__':`")
+
+
+class WorkerError(RuntimeError):
+    """A tensor / expert-parallel worker process failed; the message carries its error."""
+
+
+def world_size_of(config: EngineConfig) -> int:
+    """Processes for one engine: TP and EP groups overlap, so the larger size (the smaller must divide it)."""
+    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+    if max(tp, ep) % min(tp, ep):
+        raise ValueError(f"tensor_parallel_size {tp} and expert_parallel_size {ep} must divide one another "
+                         f"(e.g. TP=2 with EP=2 or 4)")
+    return max(tp, ep)
+
+
+def rank_device(device: torch.device, rank: int) -> torch.device:
+    """Rank ``r`` runs on ``cuda:(base + r)`` where ``cuda:base`` is the engine's device; CPU stays CPU."""
+    if device.type != "cuda":
+        return device
+    index = (device.index or 0) + rank
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"rank {rank} needs GPU cuda:{index} but only {torch.cuda.device_count()} are visible; "
+                         f"lower tensor_parallel_size / expert_parallel_size or check CUDA_VISIBLE_DEVICES")
+    return torch.device("cuda", index)
+
+
+def dist_timeout() -> timedelta:
+    return timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "600")))
+
+
+def join_process_group(rank: int, world_size: int, config: EngineConfig, device: torch.device,
+                       init_method: str) -> ParallelContext:
+    """Create the default group ourselves (for its timeout), then let ``init_distributed`` carve TP / EP."""
+    if dist.is_initialized():
+        raise RuntimeError("a torch.distributed process group already exists in this process; nanocore starts "
+                           "its own for tensor / expert parallelism, so destroy the other one first")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                            world_size=world_size, timeout=dist_timeout())
+    return init_distributed(rank, world_size, tp_size=config.tensor_parallel_size,
+                            ep_size=config.expert_parallel_size, device=device, init_method=init_method)
+
+
+def min_over_ranks(value: int, device: torch.device) -> int:
+    """The smallest ``value`` of all ranks (NCCL reduces on the GPU, gloo on the CPU)."""
+    t = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def local_num_kv_blocks(config: EngineConfig, loaded, device: torch.device, codec, max_model_len: int) -> int:
+    """This rank's KV block budget, sized as ModelRunner sizes it (profiling on CUDA runs collectives)."""
+    model = loaded.model
+    bytes_per_block = kv_bytes_per_block(codec, model.kv_cache_spec, loaded.dtype, config.block_size)
+    if device.type == "cuda":
+        return profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
+    return num_kv_blocks_for_cpu(config, bytes_per_block)
+
+
+def agreed_runner_config(config: EngineConfig, loaded, device: torch.device, codec, max_model_len: int) -> EngineConfig:
+    """The config every rank builds its ModelRunner with: one KV block count (the minimum) for all ranks."""
+    update = {}
+    if config.num_kv_blocks is None:  # block ids are shared, so every rank must hold every block
+        update["num_kv_blocks"] = min_over_ranks(local_num_kv_blocks(config, loaded, device, codec, max_model_len),
+                                                 device)
+    if config.expert_parallel_size > 1 and not config.enforce_eager:
+        update["enforce_eager"] = True  # the EP all-to-all sizes messages on the host: not capturable
+    return config.model_copy(update=update)
+
+
+# ---- what travels each step --------------------------------------------------------------------
+class _TokenWindow:
+    """``token_ids[start:]`` of a sequence; prepare() only slices from num_computed_tokens on."""
+
+    __slots__ = ("start", "ids")
+
+    def __init__(self, start: int, ids: list[int]):
+        self.start, self.ids = start, ids
+
+    def __getitem__(self, s: slice) -> list[int]:
+        assert s.start >= self.start, f"slice {s} reaches before the shipped tokens (from {self.start})"
+        return self.ids[s.start - self.start:s.stop - self.start]
+
+
+@dataclass(slots=True)
+class ShippedSequence:
+    """What a worker's ModelRunner.prepare reads of a sequence (it never samples, so no sampling params)."""
+
+    num_computed_tokens: int
+    num_tokens: int
+    block_table: list[int]
+    new_token_ids: list[int]  # token_ids[num_computed_tokens:num_computed_tokens + n]
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_table)
+
+    @property
+    def token_ids(self) -> _TokenWindow:
+        return _TokenWindow(self.num_computed_tokens, self.new_token_ids)
+
+
+def ship(seqs, num_tokens: list[int]) -> list[tuple]:
+    return [(s.num_computed_tokens, s.num_tokens, list(s.block_table),
+             s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]) for s, n in zip(seqs, num_tokens)]
+
+
+# ---- the worker process ------------------------------------------------------------------------
+def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str, device_name: str, conn) -> None:
+    """Entry point of ranks 1..N-1: validate, load, size the KV cache, then serve rank 0's calls."""
+    try:
+        os.environ.update(NVLS_OFF)
+        if device_name == "cpu" and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
+        config = EngineConfig(**config_dict)  # validating the names loads the plugins here, from entry points
+        conn.send(("validated", None))
+        worker = Worker(rank, world_size, config, torch.device(device_name), init_method, conn)
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1)
+    try:
+        worker.serve()
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        raise SystemExit(1)
+
+
+class Worker:
+    def __init__(self, rank: int, world_size: int, config: EngineConfig, device: torch.device, init_method: str, conn):
+        from nanocore.loader import load_model
+
+        self.conn = conn
+        parallel = join_process_group(rank, world_size, config, device, init_method)
+        loaded = load_model(config, device, parallel)
+        max_model_len = config.max_model_len or loaded.max_model_len
+        codec = build_backend("kv_codec", config, device)
+        conn.send(("loaded", None))
+        runner_config = agreed_runner_config(config, loaded, device, codec, max_model_len)
+        self.runner = ModelRunner(runner_config, loaded.model, loaded.model.kv_cache_spec, loaded.dtype, device,
+                                  codec, max_model_len, list(loaded.eos_token_ids or []))
+        self.runner.samples = False
+        conn.send(("ready", self.runner.num_blocks))
+
+    def serve(self) -> None:
+        while True:
+            try:
+                method, args = pickle.loads(self.conn.recv_bytes())
+            except EOFError:
+                return  # rank 0 is gone; the daemon flag and the group's timeout end us anyway
+            if method == "exit":
+                dist.barrier()  # rank 0 hosts the store: leave together
+                dist.destroy_process_group()
+                return
+            getattr(self, method)(*args)
+
+    def execute(self, shipped: list[tuple], num_tokens: list[int]) -> None:
+        self.runner.execute([ShippedSequence(*s) for s in shipped], num_tokens)
+
+    def prompt_logits(self, shipped: tuple) -> None:
+        self.runner.prompt_logits(ShippedSequence(*shipped))
