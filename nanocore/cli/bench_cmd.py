@@ -4,6 +4,7 @@ Modes live in ``MODES`` (name -> (help, add_arguments, run)); the GPU modes (lat
 """
 from __future__ import annotations
 
+from nanocore.bench import interference as interference_bench
 from nanocore.bench import prefix as prefix_bench
 from nanocore.cli.common import add_engine_args, engine_config_from_args
 
@@ -96,6 +97,8 @@ MODES = {
                prefix_bench.run_from_args),
     "latency": ("batch-1 TTFT and TPOT (greedy, ignore EOS)", add_latency_args, run_latency_cmd),
     "prefill": ("prefill tokens/s and MFU for a batch of long prompts", add_prefill_args, run_prefill_cmd),
+    "interference": ("a long prompt arriving during a decode: decode inter-token latency and its TTFT per "
+                     "scheduling mode", interference_bench.add_arguments, interference_bench.run_interference_cmd),
 }
 
 
