@@ -162,26 +162,27 @@ TINY_MODEL = "dummy:tiny-qwen2"
 _loaded_models: dict[str, object] = {}
 
 
-def tiny_loaded_model():
-    """The tiny random Qwen2 preset, built once per process (engines share it; each has its own KV cache)."""
-    if TINY_MODEL not in _loaded_models:
+def tiny_loaded_model(device: str = "cpu"):
+    """The tiny random Qwen2 preset (float32), built once per process and device (engines share it; each
+    has its own KV cache)."""
+    if device not in _loaded_models:
         from nanocore.config import EngineConfig
         from nanocore.loader import load_model
-        _loaded_models[TINY_MODEL] = load_model(EngineConfig(model=TINY_MODEL, device="cpu", dtype="float32"), "cpu")
-    return _loaded_models[TINY_MODEL]
+        _loaded_models[device] = load_model(EngineConfig(model=TINY_MODEL, device=device, dtype="float32"), device)
+    return _loaded_models[device]
 
 
 def engine_greedy_outputs(policy: str, options: dict, arrivals: list[tuple[int, list[int], int]],
-                          **config_fields) -> list[list[int]]:
-    """Greedy outputs of ``arrivals`` [(step, prompt ids, max tokens)] through a real LLMEngine on CPU,
-    each request added at its step."""
+                          device: str = "cpu", **config_fields) -> list[list[int]]:
+    """Greedy outputs of ``arrivals`` [(step, prompt ids, max tokens)] through a real LLMEngine on the tiny
+    model, each request added at its step."""
     from nanocore.config import EngineConfig
     from nanocore.engine.llm_engine import LLMEngine
 
-    config = EngineConfig(model=TINY_MODEL, device="cpu", dtype="float32", prefix_cache="none",
+    config = EngineConfig(model=TINY_MODEL, device=device, dtype="float32", prefix_cache="none",
                           kv_codec="unquantized", scheduler_policy=policy, scheduler_policy_options=options,
                           **config_fields)
-    engine = LLMEngine(config, loaded_model=tiny_loaded_model())
+    engine = LLMEngine(config, loaded_model=tiny_loaded_model(device))
     outputs: dict[str, list[int]] = {}
     step = 0
     while step <= max(a for a, _, _ in arrivals) or engine.has_unfinished_requests():

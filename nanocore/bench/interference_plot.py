@@ -38,3 +38,22 @@ def plot_timelines(rows: list[dict], workload: dict, path: str, title: str = "")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m nanocore.bench.interference_plot RESULT.json OUT.png``: the figure from a saved result."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("json_path")
+    p.add_argument("png_path")
+    args = p.parse_args(argv)
+    data = json.loads(open(args.json_path).read())
+    title = f"{data['config']['model']} on {data['environment'].get('gpu') or data['environment']['device']}"
+    plot_timelines(data["results"], data["workload"], args.png_path, title=title)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
