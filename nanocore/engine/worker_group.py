@@ -150,11 +150,11 @@ class WorkerGroup:
                 if conn.poll(0.02):
                     kind, value = _recv(conn)
                     if kind == "error":
-                        raise WorkerError(_describe(rank, doing, value))
+                        raise WorkerError(_describe(rank, doing, value, proc))
                     assert kind == stage, (kind, stage)
                     replies[rank] = value
                 elif not alive:
-                    raise WorkerError(_describe(rank, doing, None, proc.exitcode))
+                    raise WorkerError(_describe(rank, doing, None, proc))
             if time.monotonic() > deadline:
                 missing = [r for r in range(1, len(self.procs) + 1) if r not in replies]
                 raise WorkerError(f"worker rank(s) {missing} did not finish {stage!r} within "
@@ -167,9 +167,9 @@ class WorkerGroup:
         if conn.poll(0):
             kind, value = _recv(conn)
             if kind == "error":
-                return _describe(rank, doing, value)
+                return _describe(rank, doing, value, proc)
         if not alive:
-            return _describe(rank, doing, None, proc.exitcode)
+            return _describe(rank, doing, None, proc)
         return None
 
     @contextlib.contextmanager
@@ -211,11 +211,16 @@ def _recv(conn) -> tuple[str, object]:
         return "error", None
 
 
-def _describe(rank: int, doing: str, tb: str | None, exitcode: int | None = None) -> str:
+def _describe(rank: int, doing: str, error: tuple[str, str] | None, proc) -> str:
+    """``error``: the worker's (summary, traceback), or None when it died without a word."""
     head = f"tensor/expert-parallel worker rank {rank} failed {doing}"
-    if tb:
-        return f"{head}: {tb.strip().splitlines()[-1]}\n--- worker traceback ---\n{tb.rstrip()}"
-    return f"{head} (exit code {exitcode}, no error reported). If it was killed, check memory; {SPAWN_HINT}"
+    if error:
+        summary, tb = error
+        return f"{head}: {summary}\n--- worker traceback ---\n{tb.rstrip()}"
+    proc.join(timeout=1.0)  # its pipe closes a moment before its exit code is known
+    code = proc.exitcode
+    how = f"killed by signal {-code}" if code is not None and code < 0 else f"exit code {code}"
+    return f"{head}: it exited ({how}) without reporting an error; if killed, check memory. Note: {SPAWN_HINT}"
 
 
 def _shutdown(procs: list, conns: list, state: dict) -> None:

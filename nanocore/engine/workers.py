@@ -142,16 +142,15 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
         os.environ.update(NVLS_OFF)
         if device_name == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
-        config = EngineConfig(**config_dict)  # validating the names loads the plugins here, from entry points
+        try:
+            config = EngineConfig(**config_dict)  # validating the names loads the plugins here, from entry points
+        except ValueError as exc:
+            raise ValueError(f"{exc}\n(every worker loads plugins from entry points itself: install the plugin as a "
+                             f"distribution and check NANOCORE_PLUGINS / NANOCORE_DISABLE_PLUGINS)") from exc
         conn.send(("validated", None))
-        worker = Worker(rank, world_size, config, torch.device(device_name), init_method, conn)
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
-        raise SystemExit(1)
-    try:
-        worker.serve()
-    except BaseException:
-        conn.send(("error", traceback.format_exc()))
+        Worker(rank, world_size, config, torch.device(device_name), init_method, conn).serve()
+    except BaseException as exc:
+        conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         raise SystemExit(1)
 
 
