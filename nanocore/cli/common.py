@@ -16,7 +16,7 @@ ENGINE_FLAGS = {  # flag -> EngineConfig field
     "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size",
     "num_kv_blocks": "num_kv_blocks", "cpu_kv_cache_gib": "cpu_kv_cache_gib",
     "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
-    "tensor_parallel_size": "tensor_parallel_size", "seed": "seed",
+    "tensor_parallel_size": "tensor_parallel_size", "expert_parallel_size": "expert_parallel_size", "seed": "seed",
 }
 
 
@@ -37,6 +37,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory to use")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     g.add_argument("--tensor-parallel-size", type=int, help="GPUs per model")
+    g.add_argument("--expert-parallel-size", type=int, help="ranks sharing a MoE model's experts")
     g.add_argument("--seed", type=int, help="seed of dummy weights and unseeded sampling")
     g.add_argument("--threads", type=int, help="CPU threads for torch (1 is fastest on a busy machine)")
     b = parser.add_argument_group("backends (a registered name or 'auto'; see 'nanocore plugins')")
