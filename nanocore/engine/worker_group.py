@@ -71,7 +71,7 @@ class WorkerGroup:
                 self.procs.append(proc)
                 self.conns.append(parent)
             self._wait("validated", "while loading plugins and checking the config")
-            self.parallel = join_process_group(0, self.world_size, config, device, init_method)
+            self.parallel = join_process_group(0, self.world_size, config, rank_device(device, 0), init_method)
             self._state["own_group"] = True
 
     # ---- start-up stages, called by LLMEngine --------------------------------------------------
