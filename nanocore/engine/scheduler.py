@@ -102,6 +102,7 @@ class Scheduler:
             fail(f"expected a ScheduleDecision, got {type(decision).__name__}")
         known = {id(s) for s in waiting} | {id(s) for s in self.running}
         seen: set[int] = set()
+        total = 0  # recounted: a policy may have built ``items`` without ``add``
         for item in decision.items:
             seq, n = item.seq, item.num_tokens
             if id(seq) not in known:
@@ -112,10 +113,11 @@ class Scheduler:
             if not isinstance(n, int) or not 1 <= n <= seq.num_uncomputed_tokens:
                 fail(f"sequence {seq.seq_id} scheduled for {n!r} tokens; allowed 1..{seq.num_uncomputed_tokens} "
                      f"(its uncomputed tokens)")
+            total += n
         if len(decision.items) > budget.max_num_seqs:
             fail(f"{len(decision.items)} sequences exceed max_num_seqs {budget.max_num_seqs}")
-        if decision.num_tokens > budget.max_num_batched_tokens:
-            fail(f"{decision.num_tokens} tokens exceed max_num_batched_tokens {budget.max_num_batched_tokens}")
+        if total > budget.max_num_batched_tokens:
+            fail(f"{total} tokens exceed max_num_batched_tokens {budget.max_num_batched_tokens}")
 
     def _apply(self, decision: ScheduleDecision) -> tuple[ScheduledBatch, bool]:
         """Admit and allocate in decision order. A running sequence that does not fit preempts later

@@ -58,13 +58,15 @@ class ScheduledItem:
 @dataclass
 class ScheduleDecision:
     items: list[ScheduledItem] = field(default_factory=list)
+    #: Total tokens of ``items``, kept up to date by ``add`` (policies check it once per candidate).
+    num_tokens: int = 0
+
+    def __post_init__(self):
+        self.num_tokens = sum(item.num_tokens for item in self.items)
 
     def add(self, seq: SequenceView, num_tokens: int) -> None:
         self.items.append(ScheduledItem(seq, num_tokens))
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(item.num_tokens for item in self.items)
+        self.num_tokens += num_tokens
 
 
 class SchedulerPolicy(Backend):
