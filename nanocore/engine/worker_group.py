@@ -116,7 +116,7 @@ class WorkerGroup:
         except BaseException as exc:
             self._state["broken"] = "an earlier step failed part-way, so the ranks are out of step; close this LLM " \
                                     "and build a new one"
-            if not isinstance(exc, WorkerError):
+            if isinstance(exc, Exception) and not isinstance(exc, WorkerError):  # not on Ctrl-C: no waiting
                 self.raise_if_failed(grace_s=2.0, cause=exc)
             raise
 
