@@ -27,8 +27,11 @@ def make_workload(num_seqs: int, min_len: int, max_len: int, vocab_size: int, se
     if not 1 <= min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
     rng = random.Random(seed)
-    return [([rng.randrange(vocab_size) for _ in range(rng.randint(min_len, max_len))], rng.randint(min_len, max_len))
-            for _ in range(num_seqs)]
+    # Nano-vLLM's bench.py draw order (all prompts, then all output lengths; ids up to 10000), so the default
+    # workload is the same 256 requests (133,966 output tokens) as the published figures.
+    max_id = min(vocab_size - 1, 10000)
+    prompts = [[rng.randint(0, max_id) for _ in range(rng.randint(min_len, max_len))] for _ in range(num_seqs)]
+    return list(zip(prompts, [rng.randint(min_len, max_len) for _ in range(num_seqs)]))
 
 
 def run_throughput(llm, num_seqs: int, min_len: int, max_len: int, temperature: float = 0.6, seed: int = 0,

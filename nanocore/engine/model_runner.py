@@ -80,6 +80,16 @@ def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes
     return num_blocks
 
 
+def choose_num_kv_blocks(config: EngineConfig, model, max_model_len: int, bytes_per_block: int,
+                         device: torch.device) -> int:
+    """The configured block count, else profiled (CUDA) or sized from ``cpu_kv_cache_gib`` (CPU)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if device.type == "cuda":
+        return profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
+    return num_kv_blocks_for_cpu(config, bytes_per_block)
+
+
 class ModelRunner:
     #: False on tensor/expert-parallel workers: they run every forward (its collectives need them); rank 0 samples
     samples = True
@@ -94,12 +104,7 @@ class ModelRunner:
         self.eos_token_ids = list(eos_token_ids)
         num_layers, num_kv_heads, head_dim = kv_cache_spec
         self.bytes_per_block = bytes_per_block = kv_bytes_per_block(codec, kv_cache_spec, dtype, self.block_size)
-        if config.num_kv_blocks is not None:
-            self.num_blocks = config.num_kv_blocks
-        elif device.type == "cuda":
-            self.num_blocks = profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
-        else:
-            self.num_blocks = num_kv_blocks_for_cpu(config, bytes_per_block)
+        self.num_blocks = choose_num_kv_blocks(config, model, max_model_len, bytes_per_block, device)
         logger.info("KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB, codec %r)", self.num_blocks,
                     self.block_size, self.num_blocks * self.block_size, self.num_blocks * bytes_per_block / 2**30,
                     codec.name)

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from nanocore.config import EngineConfig
 from nanocore.distributed import ParallelContext, init_distributed
 from nanocore.engine.llm_engine import build_backend
-from nanocore.engine.model_runner import ModelRunner, kv_bytes_per_block, num_kv_blocks_for_cpu, profile_num_kv_blocks
+from nanocore.engine.model_runner import ModelRunner, choose_num_kv_blocks, kv_bytes_per_block
 
 #: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -80,11 +80,8 @@ def min_over_ranks(value: int, device: torch.device) -> int:
 
 def local_num_kv_blocks(config: EngineConfig, loaded, device: torch.device, codec, max_model_len: int) -> int:
     """This rank's KV block budget, sized as ModelRunner sizes it (profiling on CUDA runs collectives)."""
-    model = loaded.model
-    bytes_per_block = kv_bytes_per_block(codec, model.kv_cache_spec, loaded.dtype, config.block_size)
-    if device.type == "cuda":
-        return profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
-    return num_kv_blocks_for_cpu(config, bytes_per_block)
+    bytes_per_block = kv_bytes_per_block(codec, loaded.model.kv_cache_spec, loaded.dtype, config.block_size)
+    return choose_num_kv_blocks(config, loaded.model, max_model_len, bytes_per_block, device)
 
 
 def agreed_runner_config(config: EngineConfig, loaded, device: torch.device, codec, max_model_len: int) -> EngineConfig:
