@@ -5,13 +5,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nanocore.kernels.attention_dispatch import available as small_ops_available
+
 
 class SiluAndMul(nn.Module):
     """``silu(gate) * up`` for ``x = [gate | up]`` along the last dimension."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = x.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        if x.is_cuda and small_ops_available():
+            from nanocore.kernels.activation import silu_and_mul
+            return silu_and_mul(x)
+        return silu_and_mul_reference(x)
+
+
+def silu_and_mul_reference(x: torch.Tensor) -> torch.Tensor:
+    """Torch twin of the Triton kernel (nanocore/kernels/activation.py)."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 ACTIVATIONS = {"silu": SiluAndMul}

@@ -10,6 +10,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from nanocore.kernels.attention_dispatch import available as small_ops_available
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -68,19 +70,33 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q[T, Hq*D]``, ``k[T, Hkv*D]`` (or already ``[T, H, D]``) -> rotated, same shapes."""
-        cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+        """``q[T, Hq*D]``, ``k[T, Hkv*D]`` (or already ``[T, H, D]``) -> rotated, same shapes.
 
-    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        x = x.view(shape[0], -1, self.head_dim)
-        rot, rest = x[..., :self.rotary_dim], x[..., self.rotary_dim:]
-        cos = cos.unsqueeze(1).to(x.dtype)
-        sin = sin.unsqueeze(1).to(x.dtype)
-        x1, x2 = rot.chunk(2, dim=-1)
-        rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-        return torch.cat([rotated, rest], dim=-1).view(shape) if rest.numel() else rotated.view(shape)
+        On CUDA the Triton kernel rotates q and k in place (one launch) and returns them.
+        """
+        if q.is_cuda and small_ops_available():
+            from nanocore.kernels.rotary import can_rotate_in_place, rotary_embedding
+            if can_rotate_in_place(q, k, self.head_dim):
+                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim)
+        return rotary_reference(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim)
+
+
+def rotary_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
+                     head_dim: int, rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch twin of the Triton kernel (nanocore/kernels/rotary.py); returns new tensors."""
+    cos, sin = cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
+    cos_q, sin_q = cos.to(q.dtype), sin.to(q.dtype)  # gathered and cast once for q and k
+    cos_k, sin_k = (cos_q, sin_q) if k.dtype == q.dtype else (cos.to(k.dtype), sin.to(k.dtype))
+    return _rotate(q, cos_q, sin_q, head_dim, rotary_dim), _rotate(k, cos_k, sin_k, head_dim, rotary_dim)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, head_dim: int, rotary_dim: int) -> torch.Tensor:
+    shape = x.shape
+    x = x.view(shape[0], -1, head_dim)
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    x1, x2 = rot.chunk(2, dim=-1)
+    rotated = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+    return torch.cat([rotated, rest], dim=-1).view(shape) if rest.numel() else rotated.view(shape)
 
 
 def build_rope(hf_config, head_dim: int) -> RotaryEmbedding:
