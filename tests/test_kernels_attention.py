@@ -143,6 +143,76 @@ def test_quantized_layouts(layout):
     check(q, cache, meta, layout=layout)
 
 
+I8, F8 = torch.int8, torch.float8_e4m3fn
+#: Every scaled layout family: int8 / fp8 per (token, head), group-scaled int8 K (groups of 16 and 32, the
+#: latter with fp16 scales and fp8 V as in the ``k_int8_v_fp8`` codec), and fp8 without scales.
+QUANT_LAYOUTS = {
+    "int8": KVLayout(I8, I8, "token_head", "token_head"),
+    "fp8": KVLayout(F8, F8, "token_head", "token_head"),
+    "k_int8_g16": KVLayout(I8, I8, "group", "token_head", group_size=16),
+    "k_int8_v_fp8": KVLayout(I8, F8, "group", "token_head", group_size=32, scale_dtype=torch.float16),
+    "fp8_noscale": KVLayout(F8, F8),
+}
+QUANT_PATHS = ["dequant", "fold", "fold_kdeq"]
+
+
+@pytest.mark.parametrize("path", QUANT_PATHS)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("name", list(QUANT_LAYOUTS))
+def test_quantized_paths_mixed(name, block_size, path):
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case(MIXED, 4, 2, 64, block_size, torch.float16, layout=layout, pad_tokens=1)
+    check(q, cache, meta, layout=layout, config=AttentionConfig(32, 32, 4, 1, quant_path=path))
+
+
+@pytest.mark.parametrize("path", QUANT_PATHS)
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("name", list(QUANT_LAYOUTS))
+def test_quantized_paths_split_decode(name, block_size, path):
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case([(1, 150), (1, 9), (1, 64), (1, 1)], 4, 1, 64, block_size, torch.float16,
+                               layout=layout, seed=3)
+    check(q, cache, meta, layout=layout, config=AttentionConfig(16, 16, 4, 1, num_splits=4, quant_path=path))
+    check(q, cache, meta, layout=layout, config=AttentionConfig(16, 64, 4, 1, num_splits=1, quant_path=path))
+
+
+@pytest.mark.parametrize("path", QUANT_PATHS)
+@pytest.mark.parametrize("name", ["int8", "k_int8_v_fp8"])
+def test_quantized_paths_fp32_tight(name, path):
+    """fp32 queries: the folded scales must give the dequantized result to rounding."""
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case([(6, 40), (1, 33)], 4, 2, 64, 16, torch.float32, layout=layout)
+    check(q, cache, meta, layout=layout, config=AttentionConfig(32, 16, 4, 1, quant_path=path), tol=1e-5)
+
+
+@pytest.mark.parametrize("path", QUANT_PATHS)
+@pytest.mark.parametrize("layout", [
+    KVLayout(I8, I8, "token_head", "token_head"),
+    KVLayout(I8, F8, "group", "token_head", group_size=16),  # 3 groups over head_dim 48 (padded to 64)
+    KVLayout(I8, I8, "group", "token_head", group_size=8),  # too narrow to split: K dequantized
+])
+def test_quantized_paths_odd_shapes(layout, path):
+    q, cache, meta = make_case([(4, 30), (1, 17)], 6, 2, 48, 16, torch.float16, layout=layout)
+    check(q, cache, meta, layout=layout, config=AttentionConfig(16, 16, 4, 1, quant_path=path))
+    check(q, cache, meta, layout=layout)  # default config and path
+
+
+def test_quant_path_flags_and_defaults():
+    from nanocore.kernels import paged_attention as pa
+    assert pa.DEFAULT_QUANT_PATH in pa.QUANT_PATHS
+    assert pa._quant_flags("dequant", (1, 1), 1) == (False, False)
+    assert pa._quant_flags("fold", (1, 1), 1) == (True, False)
+    assert pa._quant_flags("fold", (2, 1), 32) == (True, True)
+    assert pa._quant_flags("fold_kdeq", (2, 1), 32) == (True, False)
+    assert pa._quant_flags("fold", (2, 1), 8) == (True, False)
+    assert pa._quant_flags("fold", (0, 0), 1) == (False, False)
+    with pytest.raises(ValueError):
+        pa._quant_flags("fast", (1, 1), 1)
+    narrow = pa.default_config(1, 2, 128, kv_itemsize=1)
+    assert (narrow.block_n, narrow.num_warps, narrow.num_stages) == pa.NARROW_DECODE_TILE
+    assert pa.default_config(1, 2, 128) == pa.default_config(1, 2, 128, kv_itemsize=2)
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
@@ -210,3 +280,29 @@ def test_cuda_graph_capture_replays_new_inputs():
     graph.replay()
     ref = paged_attention_reference(q, q, q, cache, meta, 0.1)
     assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("path", QUANT_PATHS)
+@pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8", "k_int8_g16"])
+@pytest.mark.parametrize("block_size", [16, 32])
+@pytest.mark.parametrize("specs", [[(1, 3000), (1, 70), (1, 1), (1, 4097)], [(200, 700), (1, 40), (64, 64), (0, 9)]])
+def test_cuda_quantized_paths(specs, block_size, name, path):
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case(specs, 16, 8, 128, block_size, torch.bfloat16, layout=layout, pad_tokens=2)
+    check(q, cache, meta, layout=layout, config=AttentionConfig(16, 64, 4, 2, quant_path=path)
+          if specs[0][0] == 1 else AttentionConfig(64, 32, 4, 3, quant_path=path))
+    check(q, cache, meta, layout=layout)  # default config and path
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8"])
+@pytest.mark.parametrize("tile", [(32, 4, 2, 0), (64, 4, 3, 0), (128, 4, 2, 0), (128, 8, 2, 0), (128, 4, 3, 0),
+                                  (64, 8, 2, 0), (64, 4, 2, 7), (128, 4, 2, 16)])
+def test_cuda_quantized_decode_tiles(tile, name):
+    """Every tile the microbench times with the new path, split-KV forced too, on long decodes."""
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case([(1, 8192), (1, 3), (1, 5000)], 16, 8, 128, 16, torch.bfloat16, layout=layout)
+    check(q, cache, meta, layout=layout, config=AttentionConfig(16, *tile, quant_path="fold"))

@@ -2,8 +2,9 @@
 
 One program handles ``BLOCK_Q`` query tokens of one sequence times the ``GROUP`` query heads that share
 one KV head (GQA rows are packed into the M dimension, so every K/V tile is loaded once per group).
-It walks the sequence's KV in ``BLOCK_N`` tiles through the block table, dequantizing in registers
-according to the codec's layout. Causal alignment is lower-right: query ``i`` of a sequence with
+It walks the sequence's KV in ``BLOCK_N`` tiles through the block table, reading the codec's layout:
+narrow K/V tiles are converted to q's dtype and their scales applied to the score / probability columns
+(``quant_path`` "fold"), or scaled in registers before the dots ("dequant"). Causal alignment is lower-right: query ``i`` of a sequence with
 ``seq_len`` L and query length lq sits at position ``L - lq + i``. When few programs would cover long
 contexts, the KV range is split over a third grid axis and a reduction kernel merges the partials.
 """
@@ -20,6 +21,15 @@ from nanocore.interfaces import KVCache, KVLayout
 
 #: Scale granularity -> constexpr code used by the kernels.
 SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
+#: How quantized K/V tiles meet the dots (``AttentionConfig.quant_path``; None picks this default):
+#: "dequant": the whole tile is scaled in registers (int8/fp8 -> fp32 * scale -> q dtype) before each dot;
+#: "fold": per-(token, head) scales go on the score / probability columns, a group-scaled K is read as
+#: head_dim / group column slices, one dot each, scaled per score column (groups of 16+ elements, a power
+#: of two; others fall back to "dequant" for K); "fold_kdeq": "fold" but a group-scaled K is dequantized.
+QUANT_PATHS = ("dequant", "fold", "fold_kdeq")
+DEFAULT_QUANT_PATH = "fold"
+#: Decode tile (block_n, num_warps, num_stages) when K and V are stored in one byte per element.
+NARROW_DECODE_TILE = (64, 4, 2)
 #: Initial running max: finite, so a row that sees no key in a split never computes inf - inf.
 _NEG_INIT = tl.constexpr(-1.0e30)
 LOG2E = 1.4426950408889634
@@ -49,15 +59,44 @@ def _load_kv_tile(base_ptr, scale_ptr, slot, kvh, d, stride_t, stride_h, s_strid
 
 
 @triton.jit
-def _attend_tile(acc, m_i, l_i, q, tile, q_pos, seq, q_start, seq_len, kvh, d,
+def _load_raw(base_ptr, slot, kvh, cols, stride_t, stride_h, kv_ok,
+              MASKED: tl.constexpr, COL_MASKED: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Load cache rows ``slot`` at columns ``cols`` as stored (no scale)."""
+    ptrs = base_ptr + slot[:, None] * stride_t + kvh * stride_h + cols[None, :]
+    if MASKED or COL_MASKED:
+        x = tl.load(ptrs, mask=kv_ok[:, None] & (cols[None, :] < HEAD_DIM), other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def _row_scale(scale_ptr, slot, kvh, s_stride_t, s_stride_h, kv_ok, MASKED: tl.constexpr):
+    """fp32 scale of each row ``slot`` (0 for rows past the sequence)."""
+    ptrs = scale_ptr + slot * s_stride_t + kvh * s_stride_h
+    if MASKED:
+        sc = tl.load(ptrs, mask=kv_ok, other=0.0)
+    else:
+        sc = tl.load(ptrs)
+    return sc.to(tl.float32)
+
+
+@triton.jit
+def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_start, seq_len, kvh, d,
                  k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
                  stride_kt, stride_kh, stride_vt, stride_vh,
                  ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
-                 BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                  K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
                  K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, MASKED: tl.constexpr,
-                 HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """One online-softmax step (fp32 statistics) over KV positions ``tile*BLOCK_N ...``."""
+                 HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                 FOLD: tl.constexpr, K_SPLIT: tl.constexpr):
+    """One online-softmax step (fp32 statistics) over KV positions ``tile*BLOCK_N ...``.
+
+    ``FOLD``: per-(token, head) scales are applied outside the dots (K's to the score columns, V's to
+    the probability columns), so the narrow tile is only converted. ``K_SPLIT``: a group-scaled K is
+    read as ``HEAD_DIM / K_GROUP`` column slices, one dot each, scaled per score column and summed.
+    """
     k_pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_ok = k_pos < seq_len
     if PAGED:  # per-row lookup works for any page size, smaller or larger than BLOCK_N
@@ -68,9 +107,24 @@ def _attend_tile(acc, m_i, l_i, q, tile, q_pos, seq, q_start, seq_len, kvh, d,
         slot = blk.to(tl.int64) * PAGE_SIZE + k_pos % PAGE_SIZE
     else:
         slot = (q_start + k_pos).to(tl.int64)
-    k = _load_kv_tile(k_ptr, ks_ptr, slot, kvh, d, stride_kt, stride_kh, ks_stride_t, ks_stride_h, kv_ok,
-                      q.dtype, K_SCALE, K_GROUP, MASKED, D_MASKED, HEAD_DIM)
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
+    if K_SPLIT:  # S = sum_g (q[:, g] . K[:, g]^T) * ks[token, g]; the q slices are re-read (L1-resident)
+        s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        e = tl.arange(0, K_GROUP)
+        for g in tl.static_range(HEAD_DIM // K_GROUP):
+            qg = tl.load(q_ptr + q_off[:, None] + (g * K_GROUP + e)[None, :], mask=row_ok[:, None], other=0.0)
+            kg = _load_raw(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
+                           MASKED, False, HEAD_DIM).to(qg.dtype)
+            ksg = _row_scale(ks_ptr + g, slot, kvh, ks_stride_t, ks_stride_h, kv_ok, MASKED)
+            s += tl.dot(qg, tl.trans(kg), input_precision=DOT_PRECISION) * ksg[None, :]
+        s = s * scale_log2
+    elif FOLD and K_SCALE == 1:
+        k = _load_raw(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
+        ksc = _row_scale(ks_ptr, slot, kvh, ks_stride_t, ks_stride_h, kv_ok, MASKED) * scale_log2
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * ksc[None, :]
+    else:
+        k = _load_kv_tile(k_ptr, ks_ptr, slot, kvh, d, stride_kt, stride_kh, ks_stride_t, ks_stride_h, kv_ok,
+                          q.dtype, K_SCALE, K_GROUP, MASKED, D_MASKED, HEAD_DIM)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2
     if MASKED:
         visible = (k_pos[None, :] <= q_pos[:, None]) & kv_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
@@ -78,9 +132,15 @@ def _attend_tile(acc, m_i, l_i, q, tile, q_pos, seq, q_start, seq_len, kvh, d,
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = _load_kv_tile(v_ptr, vs_ptr, slot, kvh, d, stride_vt, stride_vh, vs_stride_t, vs_stride_h, kv_ok,
-                      q.dtype, V_SCALE, V_GROUP, MASKED, D_MASKED, HEAD_DIM)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    if FOLD and V_SCALE == 1:  # acc += (P * vs[token]) . V
+        v = _load_raw(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
+        vsc = _row_scale(vs_ptr, slot, kvh, vs_stride_t, vs_stride_h, kv_ok, MASKED)
+        pv = tl.dot((p * vsc[None, :]).to(q.dtype), v, input_precision=DOT_PRECISION)
+    else:
+        v = _load_kv_tile(v_ptr, vs_ptr, slot, kvh, d, stride_vt, stride_vh, vs_stride_t, vs_stride_h, kv_ok,
+                          q.dtype, V_SCALE, V_GROUP, MASKED, D_MASKED, HEAD_DIM)
+        pv = tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i
 
 
@@ -95,6 +155,7 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
     K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FOLD: tl.constexpr, K_SPLIT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -115,7 +176,8 @@ def paged_attention_kernel(
     d = tl.arange(0, HEAD_DIM_PAD)
     D_MASKED: tl.constexpr = HEAD_DIM != HEAD_DIM_PAD
     q_rows = (q_start + tok).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :],
+    q_off = q_rows * stride_qt + head * stride_qh
+    q = tl.load(q_ptr + q_off[:, None] + d[None, :],
                 mask=row_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
     q_pos = ctx_len + tok
 
@@ -133,16 +195,18 @@ def paged_attention_kernel(
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     for tile in range(t_lo, t_full):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, tile, q_pos, seq, q_start, seq_len, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr,
-            block_tables_ptr, stride_bt, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh,
-            ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h, BLOCK_N, PAGE_SIZE, PAGED,
-            K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED, DOT_PRECISION)
+            acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_start, seq_len, kvh, d,
+            k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
+            BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
+            K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT)
     for tile in range(t_full, t_hi):
         acc, m_i, l_i = _attend_tile(
-            acc, m_i, l_i, q, tile, q_pos, seq, q_start, seq_len, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr,
-            block_tables_ptr, stride_bt, scale_log2, stride_kt, stride_kh, stride_vt, stride_vh,
-            ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h, BLOCK_N, PAGE_SIZE, PAGED,
-            K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED, DOT_PRECISION)
+            acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_start, seq_len, kvh, d,
+            k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
+            BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
+            K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT)
 
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     if SPLIT:  # partials: unnormalised acc, running max and sum, merged by _merge_splits_kernel
@@ -179,13 +243,15 @@ def _merge_splits_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, stride_ot, 
 
 @dataclass(frozen=True)
 class AttentionConfig:
-    """Tile shape and launch parameters; ``num_splits`` 0 lets the heuristic choose."""
+    """Tile shape and launch parameters; ``num_splits`` 0 lets the heuristic choose; ``quant_path`` None
+    means ``DEFAULT_QUANT_PATH`` (it only matters for layouts with scales)."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
     num_splits: int = 0
+    quant_path: str | None = None
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,9 +259,11 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def default_config(max_query_len: int, group: int, head_dim: int) -> AttentionConfig:
+def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles."""
     rows = max_query_len * group
+    if rows <= 64 and kv_itemsize == 1:
+        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *NARROW_DECODE_TILE)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
@@ -231,6 +299,15 @@ def _layout_args(cache: KVCache | None, layout: KVLayout | None, k_new, v_new):
     return k, v, ks, vs, codes, groups, page
 
 
+def _quant_flags(path: str, codes: tuple[int, int], k_group: int) -> tuple[bool, bool]:
+    """(FOLD, K_SPLIT) constexprs for ``path``; both False when no scale is folded."""
+    if path not in QUANT_PATHS:
+        raise ValueError(f"quant_path {path!r} is not one of {QUANT_PATHS}")
+    fold = path != "dequant" and 1 in codes
+    k_split = path == "fold" and codes[0] == 2 and k_group >= 16 and k_group & (k_group - 1) == 0
+    return fold, k_split
+
+
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache | None,
                     meta, scale: float, layout: KVLayout | None = None,
                     config: AttentionConfig | None = None) -> torch.Tensor:
@@ -244,7 +321,9 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
     k, v, ks, vs, codes, groups, page = _layout_args(cache, layout, k_new, v_new)
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
-    cfg = config or default_config(meta.max_query_len, group, head_dim)
+    kv_itemsize = max(k.element_size(), v.element_size())
+    cfg = config or default_config(meta.max_query_len, group, head_dim, kv_itemsize)
+    fold, k_split = _quant_flags(cfg.quant_path or DEFAULT_QUANT_PATH, codes, groups[0])
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
@@ -273,7 +352,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, K_SCALE=codes[0], V_SCALE=codes[1],
         K_GROUP=groups[0], V_GROUP=groups[1], SPLIT=splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
