@@ -17,7 +17,9 @@ from nanocore.loader.dummy import init_dummy_weights
 from nanocore.loader.presets import list_presets, preset_config
 from nanocore.loader.safetensors_io import checkpoint_files, iterate_weights
 from nanocore.models import ModelBuildContext, build_model, check_all_loaded
+from nanocore.models.registry import model_class
 from nanocore.plugins import AUTO, BackendEntry, get_registry
+from nanocore.quant_utils import ignore_patterns, is_ignored
 
 DUMMY_PREFIX = "dummy:"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -46,7 +48,7 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
     entry.cls(dict(options))  # surface option errors once, before building hundreds of layers
     moe_executor = resolve_moe_executor(config, hf_config, device)
     build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,
-                              linear_method_factory=lambda prefix: entry.cls(dict(options)),
+                              linear_method_factory=linear_method_factory(entry, options, hf_config, device),
                               moe_executor=moe_executor)
     model = build_model(hf_config, build)
     with torch.no_grad():
@@ -130,6 +132,33 @@ def resolve_linear_method(name: str, options: dict, hf_config, device: torch.dev
     if quant is not None:
         options.setdefault("quantization_config", qc)
     return entry, options
+
+
+def linear_method_factory(entry: BackendEntry, options: dict, hf_config, device: torch.device):
+    """prefix -> LinearMethod: ``entry``, except ``unquantized`` for layers in the checkpoint's ignore list.
+
+    A merged layer (qkv_proj, gate_up_proj) is ignored when all of its checkpoint shards are; some but not
+    all is an error, since one layer has one method.
+    """
+    ignore = ignore_patterns(quantization_config(hf_config))
+    if not ignore:
+        return lambda prefix: entry.cls(dict(options))
+    shards: dict[str, list[str]] = {}
+    for merged, original, _ in getattr(model_class(hf_config), "stacked_params", []):
+        shards.setdefault(merged, []).append(original)
+    unquantized = get_registry().resolve("linear_method", "unquantized", device)
+
+    def factory(prefix: str):
+        parent, _, leaf = prefix.rpartition(".")
+        names = [f"{parent}.{o}" if parent else o for o in shards.get(leaf, [])] or [prefix]
+        hits = [n for n in names if is_ignored(n, ignore)]
+        if is_ignored(prefix, ignore) or (hits and len(hits) == len(names)):
+            return unquantized.cls({})
+        if hits:
+            raise ValueError(f"the checkpoint's ignore list {ignore} leaves {hits} unquantized but not the rest of "
+                             f"the merged layer {prefix} ({names}); one merged layer takes one linear method")
+        return entry.cls(dict(options))
+    return factory
 
 
 def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.device) -> BackendEntry:
