@@ -36,6 +36,15 @@ def close(a, b, exact=False):
         torch.testing.assert_close(a, b)
 
 
+def close_to_rounding(got, want, magnitude: float, ulps: float = 2.0):
+    """Equal up to a few roundings of intermediates of size ``magnitude`` in the output dtype. The torch twin
+    rounds every product to the dtype; the compiled kernel may keep them in fp32 (fewer roundings), so a
+    result much smaller than its products (cancellation) can differ by more than a relative tolerance allows."""
+    assert got.shape == want.shape and got.dtype == want.dtype
+    eps = torch.finfo(got.dtype).eps
+    torch.testing.assert_close(got.float(), want.float(), rtol=ulps * eps, atol=ulps * eps * magnitude)
+
+
 def check_rms_norm(x, weight, residual, eps=1e-6):
     got = rms_norm(x, weight, eps, residual)
     want = rms_norm_reference(x, weight, eps, residual)
@@ -195,10 +204,11 @@ def test_cuda_rotary_layer(dtype, head_dim, rotary_dim, hq, hkv, tokens):
     q, k, v = qkv.split(sizes, dim=-1)
     want_q, want_k = rotary_reference(positions, q, k, rope.cos_sin_cache, head_dim, rotary_dim)
     v_before = v.clone()
+    magnitude = float(qkv.float().abs().max())  # |cos|, |sin| <= 1: products are at most this large
     got_q, got_k = rope(positions, q, k)
     assert got_q.data_ptr() == q.data_ptr()  # the Triton path ran (in place)
-    close(got_q, want_q)
-    close(got_k, want_k)
+    close_to_rounding(got_q, want_q, magnitude)
+    close_to_rounding(got_k, want_k, magnitude)
     assert torch.equal(v, v_before)
 
 
@@ -210,7 +220,8 @@ def test_cuda_rotary_layer(dtype, head_dim, rotary_dim, hq, hkv, tokens):
 def test_cuda_silu_and_mul_layer(dtype, inter, rows):
     torch.manual_seed(inter + rows)
     x = randn(rows, 2 * inter, dtype=dtype, scale=3.0)
-    close(SiluAndMul()(x), silu_and_mul_reference(x))
+    # no cancellation here: a relative bound of a few roundings (fp32 exp differs from torch's by an ulp)
+    close_to_rounding(SiluAndMul()(x), silu_and_mul_reference(x), magnitude=1e-3)
 
 
 @pytest.mark.cuda
@@ -240,4 +251,4 @@ def test_cuda_graph_capture_replays():
     want = (*rms_norm_reference(x, norm.weight, norm.eps, r),
             *rotary_reference(positions, q, k, rope.cos_sin_cache, d, d), silu_and_mul_reference(act_in))
     for got, ref in zip(outs, want):
-        close(got, ref)
+        close_to_rounding(got, ref, float(ref.float().abs().max()) + 1.0)
