@@ -80,3 +80,14 @@ def test_ignored_layer_matches_the_float_model(tmp_path):
     everything_ignored = nanocore_logits(_load(some_q), SEQS)
     torch.testing.assert_close(everything_ignored, reference, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(nanocore_logits(_load(all_q), SEQS), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_int8_w8a16_loads_its_own_checkpoint_by_name(tmp_path):
+    """Both int8 methods read compressed-tensors checkpoints; 'auto' prefers int8_w8a8 (checkpoint_priority)."""
+    from nanocore.loader.model_loader import resolve_linear_method
+
+    hf_config = type("Cfg", (), {"quantization_config": {"quant_method": "compressed-tensors"}})()
+    by_name, _ = resolve_linear_method("int8_w8a16", {}, hf_config, torch.device("cpu"))
+    automatic, options = resolve_linear_method("auto", {}, hf_config, torch.device("cpu"))
+    assert by_name.name == "int8_w8a16" and automatic.name == "int8_w8a8"
+    assert options["quantization_config"]["quant_method"] == "compressed-tensors"

@@ -29,6 +29,8 @@ class LinearMethod(Backend):
     tolerance: ClassVar[tuple[float, float]] = (1e-5, 1e-5)
     #: Checkpoint ``quantization_config`` this method loads; ``None`` for plain checkpoints.
     quant_method: ClassVar[str | None] = None
+    #: Among installed methods loading the same ``quant_method``, ``auto`` picks the highest.
+    checkpoint_priority: ClassVar[int] = 0
 
     @abstractmethod
     def create_weights(

@@ -172,7 +172,7 @@ def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.de
     if not supported:
         raise ValueError(f"no installed linear method for quant_method {quant!r} runs on {device}: "
                          + "; ".join(f"{n}: {r}" for n, r in reasons.items()))
-    return max(supported, key=lambda e: e.cls.auto_priority if e.cls.auto_priority is not None else -1)
+    return max(supported, key=lambda e: e.cls.checkpoint_priority)
 
 
 def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) -> MoEExecutor | None:

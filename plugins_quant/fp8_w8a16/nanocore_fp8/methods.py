@@ -108,6 +108,7 @@ class Fp8W8A16LinearMethod(_Fp8Base):
     """fp8 e4m3 weights, per-channel scales; activations stay in the model dtype."""
 
     tolerance = (0.04, 0.04)  # e4m3 rounds to 1/16 relative; measured worst 0.039 of max|y| on random shapes
+    checkpoint_priority = 1  # "auto" on an fp8 checkpoint: bf16 activations, the accurate choice
 
     def apply(self, layer, x, bias=None):
         if self._use_triton(x):
@@ -123,7 +124,7 @@ class Fp8W8A8LinearMethod(_Fp8Base):
     """fp8 weights and fp8 activations (per-token dynamic, or static per-tensor) on ``torch._scaled_mm``."""
 
     tolerance = (0.07, 0.07)  # weights and activations each round to 1/16; measured worst 0.046
-    # loads the same fp8 checkpoints; "auto" picks fp8_w8a16 (first by name among equal auto_priority)
+    # loads the same fp8 checkpoints; "auto" picks fp8_w8a16 (higher checkpoint_priority)
 
     @classmethod
     def supports(cls, device: torch.device) -> str | None:

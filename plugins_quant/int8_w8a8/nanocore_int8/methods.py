@@ -101,7 +101,8 @@ class Int8W8A16LinearMethod(_Int8Base):
     """int8 weights per output channel; activations stay in the model dtype."""
 
     tolerance = (0.02, 0.02)  # int8 rounds to 1/254 of a row's range; measured worst 0.014 of max|y|
-    quant_method = None  # compressed-tensors checkpoints select int8_w8a8, which runs weight-only ones too
+    # loads compressed-tensors int8 checkpoints when named; "auto" prefers int8_w8a8, which runs weight-only ones too
+    checkpoint_priority = 0
     default_scheme = "none"
 
     def apply(self, layer, x, bias=None):
@@ -116,6 +117,7 @@ class Int8W8A8LinearMethod(_Int8Base):
     """int8 weights per channel, int8 activations (dynamic per token or static per tensor), int32 accumulate."""
 
     tolerance = (0.03, 0.03)  # weights and activations round to 1/254; measured worst 0.014
+    checkpoint_priority = 1
 
     def apply(self, layer, x, bias=None):
         if self.activation_scheme == "none" or (x.is_cuda and x.numel() // x.shape[-1] < _INT_MM_MIN_M):
