@@ -4,7 +4,14 @@ Prompts longer than the remaining token budget are chunked (``chunk_size`` caps 
 """
 from __future__ import annotations
 
-from nanocore.interfaces import ScheduleDecision, SchedulerPolicy, SchedulerState, StepBudget, check_options
+from nanocore.interfaces import (
+    ScheduleDecision,
+    SchedulerPolicy,
+    SchedulerState,
+    StepBudget,
+    add_prefill_chunks,
+    check_options,
+)
 
 
 class PrefillFirstPolicy(SchedulerPolicy):
@@ -18,21 +25,9 @@ class PrefillFirstPolicy(SchedulerPolicy):
 
     def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:
         decision = ScheduleDecision()
-        free_blocks = budget.num_free_blocks
         # Unfinished prefill chunks of running sequences first, then new prompts in order.
         prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
-        for seq in [*prefilling, *state.waiting]:
-            token_room = budget.max_num_batched_tokens - decision.num_tokens
-            if token_room <= 0 or len(decision.items) >= budget.max_num_seqs:
-                break
-            num_tokens = min(seq.num_uncomputed_tokens, token_room)
-            if self.chunk_size:
-                num_tokens = min(num_tokens, self.chunk_size)
-            needed = budget.blocks_needed(seq, num_tokens)
-            if needed > free_blocks:
-                break  # keep arrival order: no overtaking by smaller prompts
-            free_blocks -= needed
-            decision.add(seq, num_tokens)
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks, self.chunk_size)
         if decision.items:
             return decision
         for seq in state.running:

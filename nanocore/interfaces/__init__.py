@@ -11,6 +11,7 @@ from nanocore.interfaces.scheduler_policy import (
     SchedulerState,
     SequenceView,
     StepBudget,
+    add_prefill_chunks,
 )
 
 #: Kind name -> (interface class, hook name). Kinds are spelled as in config fields and the CLI.
@@ -25,5 +26,5 @@ KINDS: dict[str, tuple[type[Backend], str]] = {
 __all__ = [
     "API_VERSION", "Backend", "check_options", "KVCache", "KVCodec", "KVLayout", "LinearMethod",
     "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "PrefixCache", "ScheduleDecision",
-    "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "KINDS",
+    "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "add_prefill_chunks", "KINDS",
 ]

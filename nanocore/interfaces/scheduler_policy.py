@@ -69,6 +69,26 @@ class ScheduleDecision:
         self.num_tokens += num_tokens
 
 
+def add_prefill_chunks(decision: ScheduleDecision, candidates: Sequence[SequenceView], budget: StepBudget,
+                       free_blocks: int, chunk_size: int = 0) -> int:
+    """Give ``candidates`` (in order) prefill chunks from the budget left in ``decision``; ``chunk_size``
+    caps a chunk (0 = no cap). Stops at the first that does not fit the free blocks, so smaller prompts
+    never overtake. Returns the free blocks left."""
+    for seq in candidates:
+        token_room = budget.max_num_batched_tokens - decision.num_tokens
+        if token_room <= 0 or len(decision.items) >= budget.max_num_seqs:
+            break
+        num_tokens = min(seq.num_uncomputed_tokens, token_room)
+        if chunk_size:
+            num_tokens = min(num_tokens, chunk_size)
+        needed = budget.blocks_needed(seq, num_tokens)
+        if needed > free_blocks:
+            break
+        free_blocks -= needed
+        decision.add(seq, num_tokens)
+    return free_blocks
+
+
 class SchedulerPolicy(Backend):
     @abstractmethod
     def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:

@@ -7,7 +7,14 @@ running decodes keep producing a token every step.
 """
 from __future__ import annotations
 
-from nanocore.interfaces import ScheduleDecision, SchedulerPolicy, SchedulerState, StepBudget, check_options
+from nanocore.interfaces import (
+    ScheduleDecision,
+    SchedulerPolicy,
+    SchedulerState,
+    StepBudget,
+    add_prefill_chunks,
+    check_options,
+)
 
 DEFAULT_CHUNK_SIZE = 128
 
@@ -34,17 +41,7 @@ class DecodeFirstPolicy(SchedulerPolicy):
             free_blocks -= budget.blocks_needed(seq, 1)
             decision.add(seq, 1)
         prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
-        for seq in [*prefilling, *state.waiting]:
-            if not self._has_room(decision, budget):
-                break
-            num_tokens = min(seq.num_uncomputed_tokens, budget.max_num_batched_tokens - decision.num_tokens)
-            if self.chunk_size:
-                num_tokens = min(num_tokens, self.chunk_size)
-            needed = budget.blocks_needed(seq, num_tokens)
-            if needed > free_blocks:
-                break  # keep arrival order: no overtaking by smaller prompts
-            free_blocks -= needed
-            decision.add(seq, num_tokens)
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, free_blocks, self.chunk_size)
         return decision
 
     @staticmethod
