@@ -220,3 +220,20 @@ def config_option(options: dict[str, Any], key: str, default: Any) -> Any:
     if key in options:
         return options[key]
     return (options.get("quantization_config") or {}).get(key, default)
+
+
+def quantize_checkpoint_linears(method: str, weights: dict[str, torch.Tensor],
+                                calibration: dict[str, torch.Tensor] | None, static_inputs: bool,
+                                quantize_per_row: Callable, qmax: float) -> dict[str, torch.Tensor]:
+    """Offline side shared by the 8-bit methods: per-row quantized ``weight`` + ``weight_scale`` for every
+    quantizable linear, plus a static per-tensor ``input_scale`` from calibration when asked for."""
+    out = dict(weights)
+    for prefix in quantizable_linears(weights):
+        q, scale = quantize_per_row(weights[tensor_name(prefix, "weight")])
+        out[tensor_name(prefix, "weight")], out[tensor_name(prefix, "weight_scale")] = q, scale
+        if static_inputs:
+            if not calibration or prefix not in calibration:
+                raise ValueError(f"{method} with static activation scales needs calibration activations for "
+                                 f"{prefix!r}: pass --calib-text (or use dynamic activation scales)")
+            out[tensor_name(prefix, "input_scale")] = symmetric_scale(calibration[prefix], qmax, dim=None).reshape(1)
+    return out

@@ -14,9 +14,8 @@ import torch
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, add_param, check_all_loaded, check_dtype,
-                                  mark_loaded,
-                                  config_option, quantizable_linears, quantize_fp8, quantize_fp8_per_row,
-                                  symmetric_scale, tensor_name)
+                                  config_option, mark_loaded, quantize_checkpoint_linears, quantize_fp8,
+                                  quantize_fp8_per_row)
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
 
 _OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
@@ -87,15 +86,8 @@ class _Fp8Base(LinearMethod):
 
     @classmethod
     def _quantize(cls, weights, calibration, scheme: str):
-        out = dict(weights)
-        for prefix in quantizable_linears(weights):
-            q, scale = quantize_fp8_per_row(weights[tensor_name(prefix, "weight")])
-            out[tensor_name(prefix, "weight")], out[tensor_name(prefix, "weight_scale")] = q, scale
-            if scheme == "static":
-                if not calibration or prefix not in calibration:
-                    raise ValueError(f"{cls.name} with static activation scales needs calibration activations "
-                                     f"for {prefix!r}: pass --calib-text (or use activation_scheme 'dynamic')")
-                out[tensor_name(prefix, "input_scale")] = symmetric_scale(calibration[prefix], FP8_MAX, dim=None).reshape(1)
+        out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_fp8_per_row,
+                                          FP8_MAX)
         return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
 
 

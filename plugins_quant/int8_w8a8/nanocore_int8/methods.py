@@ -14,8 +14,8 @@ import torch
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
-from nanocore.quant_utils import (INT8_MAX, CheckpointFormatError, add_param, check_all_loaded, quantizable_linears,
-                                  quantize_int8, quantize_int8_per_row, symmetric_scale, tensor_name)
+from nanocore.quant_utils import (INT8_MAX, CheckpointFormatError, add_param, check_all_loaded,
+                                  quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row)
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config
 
 _OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict}
@@ -85,15 +85,8 @@ class _Int8Base(LinearMethod):
 
     @classmethod
     def _quantize(cls, weights, calibration, scheme: str):
-        out = dict(weights)
-        for prefix in quantizable_linears(weights):
-            q, scale = quantize_int8_per_row(weights[tensor_name(prefix, "weight")])
-            out[tensor_name(prefix, "weight")], out[tensor_name(prefix, "weight_scale")] = q, scale
-            if scheme == "static":
-                if not calibration or prefix not in calibration:
-                    raise ValueError(f"{cls.name} with static activation scales needs calibration activations "
-                                     f"for {prefix!r}: pass --calib-text (or use dynamic activation scales)")
-                out[tensor_name(prefix, "input_scale")] = symmetric_scale(calibration[prefix], INT8_MAX, dim=None).reshape(1)
+        out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_int8_per_row,
+                                          INT8_MAX)
         return out, compressed_tensors_config(scheme)
 
 
