@@ -98,3 +98,13 @@ def test_cuda_quantized_store(layout):
         assert torch.equal(a.view(torch.int8), b.view(torch.int8)), (a.float() - b.float()).abs().max()
     torch.testing.assert_close(cache.k_scale, twin.k_scale)
     torch.testing.assert_close(cache.v_scale, twin.v_scale)
+
+
+def test_fp16_scales_never_flush_tiny_groups_to_zero():
+    """Values are quantized with the scale as stored: a group far below fp16's normal range keeps its values."""
+    x = torch.randn(3, 2, 64, dtype=torch.float32) * 1e-6  # amax / 127 is below fp16's smallest subnormal x 2
+    values, scale = quantize_reference(x, torch.int8, "group", 32, scale_dtype=torch.float16)
+    assert scale.dtype == torch.float16 and bool((scale > 0).all())
+    dequant = (values.float().view(3, 2, 2, 32) * scale.float()[..., None]).view_as(x)
+    assert (dequant - x).abs().max() <= 0.5 * scale.float().max() + 1e-12
+    assert dequant.abs().sum() > 0

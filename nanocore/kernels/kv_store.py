@@ -25,12 +25,18 @@ def qmax_of(dtype: torch.dtype) -> float:
     raise ValueError(f"no quantized KV store for dtype {dtype}; use int8 or float8_e4m3fn")
 
 
+def smallest_subnormal(dtype: torch.dtype) -> float:
+    """The smallest positive value ``dtype`` holds (a scale below it would be stored as 0)."""
+    info = torch.finfo(dtype)
+    return info.tiny * info.eps
+
+
 @triton.jit
 def _store_one(src_ptr, dst_ptr, sc_ptr, tok, slot, src_stride_t, src_stride_h,
                dst_stride_t, dst_stride_h, sc_stride_t, sc_stride_h,
                NUM_KV_HEADS: tl.constexpr, NUM_GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr,
                ROWS_PAD: tl.constexpr, COLS_PAD: tl.constexpr, SCALE: tl.constexpr,
-               QMAX: tl.constexpr, IS_INT: tl.constexpr):
+               QMAX: tl.constexpr, IS_INT: tl.constexpr, SCALE_MIN: tl.constexpr):
     """One token's K or V as a ``[heads * groups, group_size]`` tile: a row shares one scale."""
     r = tl.arange(0, ROWS_PAD)
     c = tl.arange(0, COLS_PAD)
@@ -46,6 +52,8 @@ def _store_one(src_ptr, dst_ptr, sc_ptr, tok, slot, src_stride_t, src_stride_h,
         xf = x.to(tl.float32)
         amax = tl.max(tl.abs(xf), 1)
         scale = tl.where(amax > 0, amax * (1.0 / QMAX), 1.0)  # torch multiplies by 1/qmax as well
+        # quantize with the scale as stored (e.g. fp16), never below its smallest subnormal (0 would lose the group)
+        scale = tl.maximum(scale, SCALE_MIN).to(sc_ptr.dtype.element_ty).to(tl.float32)
         y = tl.div_rn(xf, scale[:, None])  # IEEE division: same bits as the twin
         if IS_INT:
             y = tl.floor(y + 0.5)
@@ -62,9 +70,9 @@ def store_kv_kernel(
     ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
     NUM_KV_HEADS: tl.constexpr,
     K_GROUPS: tl.constexpr, K_GROUP_SIZE: tl.constexpr, K_ROWS: tl.constexpr, K_COLS: tl.constexpr,
-    K_SCALE: tl.constexpr, K_QMAX: tl.constexpr, K_INT: tl.constexpr,
+    K_SCALE: tl.constexpr, K_QMAX: tl.constexpr, K_INT: tl.constexpr, K_SCALE_MIN: tl.constexpr,
     V_GROUPS: tl.constexpr, V_GROUP_SIZE: tl.constexpr, V_ROWS: tl.constexpr, V_COLS: tl.constexpr,
-    V_SCALE: tl.constexpr, V_QMAX: tl.constexpr, V_INT: tl.constexpr,
+    V_SCALE: tl.constexpr, V_QMAX: tl.constexpr, V_INT: tl.constexpr, V_SCALE_MIN: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + tok).to(tl.int64)
@@ -72,10 +80,10 @@ def store_kv_kernel(
         return
     _store_one(k_ptr, kc_ptr, ks_ptr, tok, slot, k_stride_t, k_stride_h, kc_stride_t, kc_stride_h,
                ks_stride_t, ks_stride_h, NUM_KV_HEADS, K_GROUPS, K_GROUP_SIZE, K_ROWS, K_COLS,
-               K_SCALE, K_QMAX, K_INT)
+               K_SCALE, K_QMAX, K_INT, K_SCALE_MIN)
     _store_one(v_ptr, vc_ptr, vs_ptr, tok, slot, v_stride_t, v_stride_h, vc_stride_t, vc_stride_h,
                vs_stride_t, vs_stride_h, NUM_KV_HEADS, V_GROUPS, V_GROUP_SIZE, V_ROWS, V_COLS,
-               V_SCALE, V_QMAX, V_INT)
+               V_SCALE, V_QMAX, V_INT, V_SCALE_MIN)
 
 
 def _side_args(cache_t: torch.Tensor, scale_t: torch.Tensor | None, granularity: str,
@@ -88,7 +96,8 @@ def _side_args(cache_t: torch.Tensor, scale_t: torch.Tensor | None, granularity:
         raise ValueError(f"layout has {granularity} scales but the cache has no scale tensor")
     return dict(GROUPS=groups, GROUP_SIZE=group_size, ROWS=triton.next_power_of_2(num_kv_heads * groups),
                 COLS=triton.next_power_of_2(group_size), SCALE=code,
-                QMAX=qmax_of(cache_t.dtype) if code else 1.0, INT=cache_t.dtype == torch.int8)
+                QMAX=qmax_of(cache_t.dtype) if code else 1.0, INT=cache_t.dtype == torch.int8,
+                SCALE_MIN=smallest_subnormal(scale_t.dtype) if code else 0.0)
 
 
 def store_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -114,8 +123,10 @@ def store_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
     )
 
 
-def quantize_reference(x: torch.Tensor, dtype: torch.dtype, granularity: str, group_size: int = 0):
-    """Torch twin of the kernel's quantizer: ``x [T, Hkv, D]`` -> (values in ``dtype``, fp32 scales [T, Hkv, G])."""
+def quantize_reference(x: torch.Tensor, dtype: torch.dtype, granularity: str, group_size: int = 0,
+                       scale_dtype: torch.dtype = torch.float32):
+    """Torch twin of the kernel's quantizer: ``x [T, Hkv, D]`` -> (values in ``dtype``, scales [T, Hkv, G] in
+    ``scale_dtype``, which the values were quantized with)."""
     t, h, d = x.shape
     groups = 1 if granularity == "token_head" else d // group_size
     xf = x.float().view(t, h, groups, d // groups)
@@ -123,11 +134,12 @@ def quantize_reference(x: torch.Tensor, dtype: torch.dtype, granularity: str, gr
     amax = xf.abs().amax(-1)
     # times the reciprocal, which is what torch's CUDA division by a scalar does anyway
     scale = torch.where(amax > 0, amax * (1.0 / qmax), torch.ones_like(amax))
+    scale = scale.clamp_min(smallest_subnormal(scale_dtype)).to(scale_dtype).float()  # as stored, never 0
     y = xf / scale[..., None]
     if dtype == torch.int8:
         y = torch.floor(y + 0.5)
     y = y.clamp(-qmax, qmax)
-    return y.to(dtype).view(t, h, d), scale
+    return y.to(dtype).view(t, h, d), scale.to(scale_dtype)
 
 
 def store_kv_reference(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
@@ -141,6 +153,6 @@ def store_kv_reference(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_ma
         if granularity == "none":
             flat[slots] = x[valid].to(dst.dtype)
             continue
-        values, scale = quantize_reference(x[valid], dst.dtype, granularity, layout.group_size)
+        values, scale = quantize_reference(x[valid], dst.dtype, granularity, layout.group_size, scales.dtype)
         flat[slots] = values
-        scales.view(-1, *scales.shape[2:])[slots] = scale.to(scales.dtype)
+        scales.view(-1, *scales.shape[2:])[slots] = scale
