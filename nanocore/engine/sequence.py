@@ -16,7 +16,7 @@ class SequenceStatus(Enum):
 
 class Sequence:
     __slots__ = (
-        "seq_id", "arrival_index", "request_id", "index", "token_ids", "num_prompt_tokens",
+        "seq_id", "arrival_index", "request_id", "index", "token_ids", "num_tokens", "num_prompt_tokens",
         "num_computed_tokens", "num_published_blocks", "block_table", "sampling_params", "status",
         "num_cached_tokens", "finish_reason", "stop_reason", "output_logprobs", "generator", "max_tokens",
     )
@@ -28,7 +28,7 @@ class Sequence:
         self.request_id = request_id
         self.index = index  # which of the request's n samples
         self.token_ids = list(prompt_token_ids)
-        self.num_prompt_tokens = len(self.token_ids)
+        self.num_tokens = self.num_prompt_tokens = len(self.token_ids)  # num_tokens: kept by append_token (hot)
         self.num_computed_tokens = 0
         self.num_published_blocks = 0  # full blocks already inserted into the prefix cache
         self.block_table: list[int] = []
@@ -44,10 +44,6 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
                 f"blocks={self.num_blocks}, status={self.status.value})")
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
 
     @property
     def num_blocks(self) -> int:
@@ -71,3 +67,4 @@ class Sequence:
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
+        self.num_tokens += 1
