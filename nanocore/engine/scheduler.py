@@ -100,19 +100,21 @@ class Scheduler:
 
         if not isinstance(decision, ScheduleDecision):
             fail(f"expected a ScheduleDecision, got {type(decision).__name__}")
-        known = {id(s) for s in waiting} | {id(s) for s in self.running}
+        known = set(map(id, self.running))
+        known.update(map(id, waiting))
         seen: set[int] = set()
         total = 0  # recounted: a policy may have built ``items`` without ``add``
         for item in decision.items:
             seq, n = item.seq, item.num_tokens
-            if id(seq) not in known:
+            key = id(seq)
+            if key not in known:
                 fail(f"sequence {getattr(seq, 'seq_id', seq)!r} is neither waiting nor running")
-            if id(seq) in seen:
+            if key in seen:
                 fail(f"sequence {seq.seq_id} is scheduled twice")
-            seen.add(id(seq))
-            if not isinstance(n, int) or not 1 <= n <= seq.num_uncomputed_tokens:
-                fail(f"sequence {seq.seq_id} scheduled for {n!r} tokens; allowed 1..{seq.num_uncomputed_tokens} "
-                     f"(its uncomputed tokens)")
+            seen.add(key)
+            uncomputed = seq.num_tokens - seq.num_computed_tokens
+            if not isinstance(n, int) or not 1 <= n <= uncomputed:
+                fail(f"sequence {seq.seq_id} scheduled for {n!r} tokens; allowed 1..{uncomputed} (its uncomputed tokens)")
             total += n
         if len(decision.items) > budget.max_num_seqs:
             fail(f"{len(decision.items)} sequences exceed max_num_seqs {budget.max_num_seqs}")
@@ -124,33 +126,38 @@ class Scheduler:
         arrivals (or itself, ending the batch); an admission that does not fit is undone and closes
         admissions for this step. Returns the batch and whether an admission failed."""
         batch = ScheduledBatch([], [])
-        scheduled: set[int] = set()
-        waiting_at_decision = {id(s) for s in self.waiting}
+        waiting_at_decision = set(map(id, self.waiting))
         admission_failed = False
+        block_size = self.block_manager.block_size
         for item in decision.items:
             seq = item.seq
-            newly_admitted = id(seq) in waiting_at_decision
-            if seq.status is not (SequenceStatus.WAITING if newly_admitted else SequenceStatus.RUNNING):
-                continue  # preempted earlier in this step
-            if newly_admitted:
-                if admission_failed:
-                    continue  # keep the waiting order: no admission after one that did not fit
+            if id(seq) in waiting_at_decision:
+                if seq.status is not SequenceStatus.WAITING or admission_failed:
+                    continue  # preempted earlier in this step / keep the waiting order after a failed admission
                 if not self._admit(seq, item.num_tokens):
                     admission_failed = True
                     continue
-            else:
                 num_tokens = min(item.num_tokens, seq.num_uncomputed_tokens)
-                if not self._allocate_running(seq, num_tokens, scheduled):
+            else:
+                if seq.status is not SequenceStatus.RUNNING:
+                    continue  # preempted earlier in this step
+                num_tokens = min(item.num_tokens, seq.num_tokens - seq.num_computed_tokens)
+                # fast path: most decode steps stay inside the last block, so there is nothing to allocate
+                if (seq.num_computed_tokens + num_tokens > len(seq.block_table) * block_size
+                        and not self._allocate_running(seq, num_tokens, batch.seqs)):
                     return batch, admission_failed
-            scheduled.add(id(seq))
             batch.seqs.append(seq)
-            batch.num_tokens.append(min(item.num_tokens, seq.num_uncomputed_tokens))
+            batch.num_tokens.append(num_tokens)
         return batch, admission_failed
 
     def _admit(self, seq: Sequence, num_tokens: int) -> bool:
         """Match the prefix cache and allocate; on failure undo, leaving ``seq`` where it waited."""
-        position = self.waiting.index(seq)
-        self.waiting.remove(seq)
+        if self.waiting[0] is seq:  # the usual case: admissions go in waiting order (no O(n) search)
+            position = 0
+            self.waiting.popleft()
+        else:
+            position = self.waiting.index(seq)
+            del self.waiting[position]
         cached = self.block_manager.match_prefix(seq)
         num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
         if not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
@@ -160,10 +167,11 @@ class Scheduler:
         self._admitted(seq, cached)
         return True
 
-    def _allocate_running(self, seq: Sequence, num_tokens: int, scheduled: set[int]) -> bool:
+    def _allocate_running(self, seq: Sequence, num_tokens: int, scheduled_seqs: list[Sequence]) -> bool:
         """Allocate for a running sequence, preempting the latest arrival not yet scheduled while
         that is someone else; False (``seq`` preempted itself) when ``seq`` is the latest."""
         while not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
+            scheduled = set(map(id, scheduled_seqs))
             candidates = [s for s in self.running if id(s) not in scheduled]
             victim = max(candidates, key=lambda s: s.arrival_index)
             self._preempt(victim)
