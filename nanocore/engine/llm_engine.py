@@ -149,9 +149,11 @@ class LLMEngine:
             return []
         batch = self.scheduler.schedule()
         result = self.runner.execute(batch.seqs, batch.num_tokens)
+        block_size = self.block_manager.block_size
         for seq, num_tokens in zip(batch.seqs, batch.num_tokens):
             seq.num_computed_tokens += num_tokens
-            self.block_manager.publish(seq)
+            if seq.num_computed_tokens // block_size > seq.num_published_blocks:  # only when a block filled up
+                self.block_manager.publish(seq)
         finished: list[RequestOutput] = []
         for i, (seq, token_id) in enumerate(zip(result.seqs, result.token_ids)):
             seq.append_token(token_id)
@@ -177,7 +179,18 @@ class LLMEngine:
     def _check_finish(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None) -> bool:
         """Stop checks after a new token: EOS / stop ids (not in the text), stop strings, length."""
         params, token_id = seq.sampling_params, seq.token_ids[-1]
-        past_min = seq.num_output_tokens >= params.min_tokens
+        num_output_tokens = seq.num_tokens - seq.num_prompt_tokens
+        # most tokens are neither EOS nor a stop id and have no text to check: only the length test remains
+        if detokenizer is not None or token_id in params.stop_token_ids or (
+                not params.ignore_eos and token_id in self.eos_token_ids):
+            self._check_stop(seq, detokenizer, token_id, num_output_tokens >= params.min_tokens)
+        if seq.finish_reason is None and (num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
+            seq.finish_reason = "length"
+        return seq.finish_reason is not None
+
+    def _check_stop(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None, token_id: int,
+                    past_min: bool) -> None:
+        params = seq.sampling_params
         if past_min and not params.ignore_eos and token_id in self.eos_token_ids:
             seq.finish_reason = "stop"
         elif past_min and token_id in params.stop_token_ids:
@@ -187,9 +200,6 @@ class LLMEngine:
             stop = detokenizer.check_stop(len(new_text)) if past_min else None
             if stop is not None:
                 seq.finish_reason, seq.stop_reason = "stop", stop
-        if seq.finish_reason is None and (seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
-            seq.finish_reason = "length"
-        return seq.finish_reason is not None
 
     # ---- outputs -------------------------------------------------------------------------
     def request_output(self, request: Request) -> RequestOutput:
