@@ -6,6 +6,7 @@ chunk that does not reach the end of its prompt samples nothing), and sample on 
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from dataclasses import dataclass
@@ -90,6 +91,43 @@ def choose_num_kv_blocks(config: EngineConfig, model, max_model_len: int, bytes_
     return num_kv_blocks_for_cpu(config, bytes_per_block)
 
 
+def block_table_array(tables: list[list[int]]) -> np.ndarray:
+    """``[len(tables), longest]`` int32, zero-padded: one flat copy and one masked store, no per-row loop."""
+    lens = np.array([len(t) for t in tables], dtype=np.int64)
+    out = np.zeros((len(tables), int(lens.max())), dtype=np.int32)
+    out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
+        itertools.chain.from_iterable(tables), np.int32, int(lens.sum()))
+    return out
+
+
+def build_sampling_tensors(seqs: list[Sequence], eos_token_ids: list[int],
+                           device: torch.device) -> tuple[SamplingTensors, list[tuple[int, Sequence, list[int]]]]:
+    """The per-row parameters (one packed upload) and, for rows with min_tokens, the ids they may ban."""
+    params = [s.sampling_params for s in seqs]
+    temperatures = [p.temperature for p in params]
+    packed = torch.tensor([temperatures, [p.top_k for p in params], [p.top_p for p in params],
+                           [p.min_p for p in params]], dtype=torch.float64).to(device)  # float64: top_k stays exact
+    min_tokens_rows = []
+    for row, (seq, p) in enumerate(zip(seqs, params)):
+        if p.min_tokens > 0:
+            ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids))
+            min_tokens_rows.append((row, seq, sorted(ids)))
+    wants_logprobs = [p.logprobs for p in params if p.logprobs is not None]
+    generators = [s.generator for s in seqs]
+    base = SamplingTensors(
+        temperatures=packed[0].float(),
+        top_k=packed[1].long() if any(p.top_k for p in params) else None,
+        top_p=packed[2].float() if any(p.top_p < 1 for p in params) else None,
+        min_p=packed[3].float() if any(p.min_p > 0 for p in params) else None,
+        generators=generators,
+        all_greedy=all(t == 0 for t in temperatures),
+        any_greedy=any(t == 0 for t in temperatures),
+        max_num_logprobs=max(wants_logprobs) if wants_logprobs else None,
+        seeded_rows=[i for i, g in enumerate(generators) if g is not None],
+    )
+    return base, min_tokens_rows
+
+
 class ModelRunner:
     #: False on tensor/expert-parallel workers: they run every forward (its collectives need them); rank 0 samples
     samples = True
@@ -113,6 +151,8 @@ class ModelRunner:
         generator = torch.Generator(device=device)
         generator.manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self._sampling_key: tuple[Sequence, ...] | None = None  # the batch that _sampling_cache was built for
+        self._sampling_cache: tuple[SamplingTensors, list] | None = None
         self.decode_graphs = None
         if device.type == "cuda" and not config.enforce_eager:
             from nanocore.engine.cuda_graphs import DecodeGraphs
@@ -129,26 +169,27 @@ class ModelRunner:
         """Step tensors from per-sequence ranges ``[num_computed, num_computed + n)``; no per-token loops."""
         bs = self.block_size
         num_seqs = len(seqs)
-        starts = np.fromiter((s.num_computed_tokens for s in seqs), np.int64, num_seqs)
+        starts_list = [s.num_computed_tokens for s in seqs]
+        starts = np.array(starts_list, dtype=np.int64)
         query_lens = np.asarray(num_tokens, dtype=np.int64)
         seq_lens = starts + query_lens
         cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu_seqlens[1:])
         total = int(cu_seqlens[-1])
-        input_ids = np.fromiter(
-            itertools.chain.from_iterable(s.token_ids[a:b] for s, a, b in zip(seqs, starts.tolist(), seq_lens.tolist())),
-            np.int64, total)
+        if total == num_seqs:  # pure decode: one token each, no slicing
+            input_ids = np.array([s.token_ids[a] for s, a in zip(seqs, starts_list)], dtype=np.int64)
+        else:
+            input_ids = np.fromiter(itertools.chain.from_iterable(
+                s.token_ids[a:b] for s, a, b in zip(seqs, starts_list, seq_lens.tolist())), np.int64, total)
         seq_index = np.repeat(np.arange(num_seqs), query_lens)
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
-        block_tables = np.zeros((num_seqs, max(s.num_blocks for s in seqs)), dtype=np.int32)
-        for i, s in enumerate(seqs):
-            block_tables[i, :s.num_blocks] = s.block_table
+        block_tables = block_table_array([s.block_table for s in seqs])
         slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         if all_logits:
             sample_rows = list(range(num_seqs))
             logits_indices = np.arange(total)
         else:
-            samples = seq_lens == np.fromiter((s.num_tokens for s in seqs), np.int64, num_seqs)
+            samples = seq_lens == np.array([s.num_tokens for s in seqs], dtype=np.int64)
             sample_rows = np.flatnonzero(samples).tolist()
             logits_indices = cu_seqlens[1:][samples] - 1
         to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
@@ -164,28 +205,25 @@ class ModelRunner:
         return StepInputs(to_device(input_ids), to_device(positions), meta, to_device(logits_indices), sample_rows)
 
     def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
-        """Per-row sampling parameters as device tensors; optional masks only when some row uses them."""
-        params = [s.sampling_params for s in seqs]
-        tensor = lambda values, dtype: torch.tensor(values, dtype=dtype, device=self.device)  # noqa: E731
-        temperatures = [p.temperature for p in params]
+        """Per-row sampling parameters as device tensors; optional masks only when some row uses them.
+
+        The per-row part is rebuilt only when the batch's sequences change (decode steps usually keep
+        them); only the min_tokens bans, which depend on progress, are recomputed every step.
+        """
+        key = tuple(seqs)
+        if key != self._sampling_key:
+            self._sampling_key = key
+            self._sampling_cache = build_sampling_tensors(seqs, self.eos_token_ids, self.device)
+        base, min_tokens_rows = self._sampling_cache
         banned_rows, banned_ids = [], []
-        for row, (seq, p) in enumerate(zip(seqs, params)):
-            if seq.num_output_tokens < p.min_tokens:  # EOS and stop ids are not allowed yet
-                ids = set(p.stop_token_ids) | (set() if p.ignore_eos else set(self.eos_token_ids))
+        for row, seq, ids in min_tokens_rows:
+            if seq.num_tokens - seq.num_prompt_tokens < seq.sampling_params.min_tokens:  # EOS / stop ids not allowed yet
                 banned_rows += [row] * len(ids)
-                banned_ids += sorted(ids)
-        wants_logprobs = [p.logprobs for p in params if p.logprobs is not None]
-        return SamplingTensors(
-            temperatures=tensor(temperatures, torch.float32),
-            top_k=tensor([p.top_k for p in params], torch.int64) if any(p.top_k for p in params) else None,
-            top_p=tensor([p.top_p for p in params], torch.float32) if any(p.top_p < 1 for p in params) else None,
-            min_p=tensor([p.min_p for p in params], torch.float32) if any(p.min_p > 0 for p in params) else None,
-            generators=[s.generator for s in seqs],
-            all_greedy=all(t == 0 for t in temperatures),
-            any_greedy=any(t == 0 for t in temperatures),
-            max_num_logprobs=max(wants_logprobs) if wants_logprobs else None,
-            banned=(tensor(banned_rows, torch.int64), tensor(banned_ids, torch.int64)) if banned_rows else None,
-        )
+                banned_ids += ids
+        if not banned_rows:
+            return base
+        tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
+        return dataclasses.replace(base, banned=(tensor(banned_rows), tensor(banned_ids)))
 
     # ---- execution -----------------------------------------------------------------------
     @torch.inference_mode()

@@ -26,6 +26,7 @@ class SamplingTensors:
     max_num_logprobs: int | None = None  # None = no row wants logprobs
     #: (row index, token id) pairs whose logits are masked (min_tokens: EOS / stop ids not allowed yet).
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
+    seeded_rows: list[int] | None = None  # rows whose generator is set; None = find them in ``generators``
 
 
 @dataclass
@@ -63,10 +64,11 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None],
-                      default: torch.Generator | None) -> torch.Tensor:
+                      default: torch.Generator | None, seeded: list[int] | None = None) -> torch.Tensor:
     """Exp(1) noise per row; seeded rows use their own generator so they do not depend on the batch."""
     noise = torch.empty_like(probs)
-    seeded = [i for i, g in enumerate(generators) if g is not None]
+    if seeded is None:
+        seeded = [i for i, g in enumerate(generators) if g is not None]
     if len(seeded) < len(generators):
         noise.exponential_(generator=default)
     for i in seeded:
@@ -94,7 +96,7 @@ class Sampler(nn.Module):
                 processed = apply_min_p(processed, params.min_p)
             probs = processed.softmax(dim=-1)
             # Gumbel-max in exponential form: argmax p / E with E ~ Exp(1) samples from p
-            token_ids = (probs / exponential_noise(probs, params.generators, self.generator)).argmax(dim=-1)
+            token_ids = (probs / exponential_noise(probs, params.generators, self.generator, params.seeded_rows)).argmax(dim=-1)
             if params.any_greedy:
                 token_ids = torch.where(params.temperatures == 0, logits.argmax(dim=-1), token_ids)
         if params.max_num_logprobs is None:
