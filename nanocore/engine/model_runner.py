@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -91,10 +92,10 @@ def choose_num_kv_blocks(config: EngineConfig, model, max_model_len: int, bytes_
     return num_kv_blocks_for_cpu(config, bytes_per_block)
 
 
-def block_table_array(tables: list[list[int]]) -> np.ndarray:
-    """``[len(tables), longest]`` int32, zero-padded: one flat copy and one masked store, no per-row loop."""
+def block_table_array(tables: list[list[int]], width: int = 0) -> np.ndarray:
+    """``[len(tables), max(longest, width)]`` int32, zero-padded: one flat copy and one masked store."""
     lens = np.array([len(t) for t in tables], dtype=np.int64)
-    out = np.zeros((len(tables), int(lens.max())), dtype=np.int32)
+    out = np.zeros((len(tables), max(int(lens.max()), width)), dtype=np.int32)
     out[np.arange(out.shape[1]) < lens[:, None]] = np.fromiter(
         itertools.chain.from_iterable(tables), np.int32, int(lens.sum()))
     return out
@@ -151,6 +152,8 @@ class ModelRunner:
         generator = torch.Generator(device=device)
         generator.manual_seed(config.seed)
         self.sampler = Sampler(generator)
+        self.max_blocks_per_seq = -(-max_model_len // self.block_size)
+        self._last_block_tables: tuple[list, list[int], np.ndarray] = ([], [], np.zeros((0, 0), dtype=np.int32))
         self._sampling_key: tuple[Sequence, ...] | None = None  # the batch that _sampling_cache was built for
         self._sampling_cache: tuple[SamplingTensors, list] | None = None
         self.decode_graphs = None
@@ -176,14 +179,11 @@ class ModelRunner:
         cu_seqlens = np.zeros(num_seqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=cu_seqlens[1:])
         total = int(cu_seqlens[-1])
-        if total == num_seqs:  # pure decode: one token each, no slicing
-            input_ids = np.array([s.token_ids[a] for s, a in zip(seqs, starts_list)], dtype=np.int64)
-        else:
-            input_ids = np.fromiter(itertools.chain.from_iterable(
-                s.token_ids[a:b] for s, a, b in zip(seqs, starts_list, seq_lens.tolist())), np.int64, total)
+        input_ids = np.fromiter(itertools.chain.from_iterable(  # slices only: workers ship a token window
+            s.token_ids[a:b] for s, a, b in zip(seqs, starts_list, seq_lens.tolist())), np.int64, total)
         seq_index = np.repeat(np.arange(num_seqs), query_lens)
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
-        block_tables = block_table_array([s.block_table for s in seqs])
+        block_tables = self._block_tables([s.block_table for s in seqs])
         slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         if all_logits:
             sample_rows = list(range(num_seqs))
@@ -203,6 +203,20 @@ class ModelRunner:
             query_lens_cpu=query_lens.tolist(), seq_lens_cpu=seq_lens.tolist(),
         )
         return StepInputs(to_device(input_ids), to_device(positions), meta, to_device(logits_indices), sample_rows)
+
+    def _block_tables(self, tables: list[list[int]]) -> np.ndarray:
+        """``block_table_array(tables)``, updated in place from the last step's when the rows hold the same
+        list objects (BlockManager only grows a table in place; anything else assigns a new list)."""
+        lens = list(map(len, tables))
+        last_tables, last_lens, array = self._last_block_tables
+        if (len(tables) == len(last_tables) and max(lens) <= array.shape[1]
+                and all(map(operator.is_, tables, last_tables))):
+            for row in [i for i, (a, b) in enumerate(zip(lens, last_lens)) if a != b]:  # decodes: a few rows grew
+                array[row, last_lens[row]:lens[row]] = tables[row][last_lens[row]:]
+        else:
+            array = block_table_array(tables, self.max_blocks_per_seq)  # room to grow without a rebuild
+        self._last_block_tables = (tables, lens, array)
+        return array[:, :max(lens)].copy()  # a copy: the cached array changes next step
 
     def sampling_tensors(self, seqs: list[Sequence]) -> SamplingTensors:
         """Per-row sampling parameters as device tensors; optional masks only when some row uses them.
