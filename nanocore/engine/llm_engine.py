@@ -155,11 +155,12 @@ class LLMEngine:
             if seq.num_computed_tokens // block_size > seq.num_published_blocks:  # only when a block filled up
                 self.block_manager.publish(seq)
         finished: list[RequestOutput] = []
+        requests, logprobs = self.requests, result.logprobs  # locals: this loop runs once per sequence
         for i, (seq, token_id) in enumerate(zip(result.seqs, result.token_ids)):
             seq.append_token(token_id)
-            if result.logprobs is not None and seq.output_logprobs is not None:
-                seq.output_logprobs.append(result.logprobs[i])
-            request = self.requests[seq.request_id]
+            if logprobs is not None and seq.output_logprobs is not None:
+                seq.output_logprobs.append(logprobs[i])
+            request = requests[seq.request_id]
             if self._check_finish(seq, request.detokenizers[seq.index]):
                 self.scheduler.finish(seq)
                 if request.finished:
