@@ -80,7 +80,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-tokens", type=int, default=200)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--logits-width", type=int, default=32, help="columns of the stub logits (<= vocab)")
+    parser.add_argument("--logits-width", type=int, default=4, help="columns of the stub logits (<= vocab)")
     parser.add_argument("--profile", action="store_true", help="print a cProfile top list of the decode steps")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
