@@ -58,6 +58,9 @@ class LLMEngine:
         self.workers = None  # WorkerGroup of ranks 1..N-1 when tensor / expert parallel
         if loaded_model is None:
             loaded_model = self._load(config)
+        elif config.tensor_parallel_size > 1 or config.expert_parallel_size > 1:
+            raise ValueError("a prebuilt loaded_model runs on one rank only; with tensor_parallel_size or "
+                             "expert_parallel_size > 1 let the engine load the model (drop loaded_model)")
         self.loaded = loaded_model
         self.tokenizer = loaded_model.tokenizer
         self.eos_token_ids = set(loaded_model.eos_token_ids or [])
