@@ -28,15 +28,19 @@ def weight_only_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch
     return F.linear(x, w, bias)
 
 
+def gemm_input_rows(x: torch.Tensor, expected_k: int, what: str = "the weight") -> tuple[torch.Tensor, tuple]:
+    """``x [..., K]`` as unit-stride rows ``[M, K]`` plus the leading shape; a wrong K is a clear error."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    if k != expected_k:
+        raise ValueError(f"input has {k} features, {what} expects {expected_k}")
+    x2 = x.reshape(-1, k)
+    return (x2 if x2.stride(-1) == 1 else x2.contiguous()), tuple(lead)
+
+
 def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
     """``x [..., K]`` (fp16/bf16/fp32) times fp8 or int8 ``weight [N, K]`` with ``scale [N]``; GEMV for small M."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    if k != weight.shape[1]:
-        raise ValueError(f"input has {k} features, the weight expects {weight.shape[1]}")
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    m, n = x2.shape[0], weight.shape[0]
+    x2, lead = gemm_input_rows(x, weight.shape[1])
+    (m, k), n = x2.shape, weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*lead, n)

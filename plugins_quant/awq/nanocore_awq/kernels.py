@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.quant_utils import awq_dequantize
 
 try:
@@ -28,12 +29,8 @@ def awq_linear_torch(x, qweight, qzeros, scales, bias=None):
 
 def awq_linear_triton(x, qweight, qzeros, scales, bias=None):
     """``x [..., K]`` (fp16/bf16/fp32) times the AWQ weight; GEMV for small M, tiled GEMM otherwise."""
-    lead, k = x.shape[:-1], x.shape[-1]
-    if k != qweight.shape[0]:
-        raise ValueError(f"input has {k} features, the AWQ weight expects {qweight.shape[0]}")
-    x2 = x.reshape(-1, k)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2, lead = gemm_input_rows(x, qweight.shape[0], "the AWQ weight")
+    k = x2.shape[1]
     m, n = x2.shape[0], scales.shape[1]
     group_size = k // scales.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
