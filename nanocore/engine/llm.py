@@ -44,7 +44,14 @@ class LLM:
         """Generate for every prompt (text or token-id lists); outputs come back in prompt order."""
         prompt_list = normalize_prompts(prompts)
         params_list = normalize_params(sampling_params, len(prompt_list))
-        ids = [self.engine.add_request(p, sp).request_id for p, sp in zip(prompt_list, params_list)]
+        ids: list[str] = []
+        try:
+            for prompt, params in zip(prompt_list, params_list):
+                ids.append(self.engine.add_request(prompt, params).request_id)
+        except BaseException:  # one bad prompt: drop the ones queued before it, or they run unseen later
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
         return self._run(ids, use_tqdm)
 
     def chat(self, messages: Conversation | list[Conversation],
@@ -93,10 +100,10 @@ class LLM:
             raise ValueError(f"stream() produces one completion; got n={params.n}, use generate() for n > 1")
         if self.engine.has_unfinished_requests():
             raise RuntimeError("the engine is busy with other requests; stream() runs one request at a time")
+        if self.engine.tokenizer is None:
+            raise ValueError("stream() needs a tokenizer to produce text")
         request = self.engine.add_request(prompt, params, stream=True)
         detokenizer = request.detokenizers[0]
-        if detokenizer is None:
-            raise ValueError("stream() needs a tokenizer to produce text")
         try:
             while not request.finished:
                 self.engine.step()

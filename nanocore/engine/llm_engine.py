@@ -114,6 +114,9 @@ class LLMEngine:
             vocab = getattr(self.loaded.hf_config, "vocab_size", None)
             if vocab and not all(0 <= t < vocab for t in token_ids):
                 raise ValueError(f"prompt token ids must be in [0, {vocab}) for this model")
+        vocab = getattr(self.loaded.hf_config, "vocab_size", None)
+        if vocab and not all(t < vocab for t in params.stop_token_ids):  # min_tokens would index past the logits
+            raise ValueError(f"stop_token_ids must be in [0, {vocab}) for this model, got {params.stop_token_ids}")
         max_tokens = params.max_tokens or self.max_model_len - len(token_ids)
         self.scheduler.check_fits(len(token_ids), max(max_tokens, 1))
         request_id = request_id if request_id is not None else str(next(self._request_ids))
@@ -242,6 +245,8 @@ class LLMEngine:
         """
         if self.has_unfinished_requests():
             raise RuntimeError("prompt_logits needs an idle engine; finish or abort the running requests first")
+        if len(token_ids) > self.max_model_len:
+            raise ValueError(f"{len(token_ids)} tokens exceed max_model_len {self.max_model_len}; use a shorter window")
         seq = Sequence(-1, -1, token_ids, SamplingParams(max_tokens=1), max_tokens=1)
         if not token_ids or not self.block_manager.allocate(seq, len(token_ids)):
             raise ValueError(f"{len(token_ids)} tokens do not fit in the KV cache ({self.block_manager.num_blocks} "

@@ -107,6 +107,7 @@ class Sampler(nn.Module):
     def _logprobs(processed: torch.Tensor, token_ids: torch.Tensor, num: int) -> SamplerOutput:
         """The sampled token's logprob and rank, and the top-``num`` of the processed distribution."""
         logprobs = processed.log_softmax(dim=-1)
+        num = min(num, logprobs.shape[-1])  # asking for more than the vocabulary returns all of it
         sampled = logprobs.gather(1, token_ids.unsqueeze(1))
         ranks = (logprobs > sampled).sum(dim=-1) + 1
         top_lp, top_ids = logprobs.topk(num, dim=-1) if num else (sampled[:, :0], token_ids[:, None][:, :0])
