@@ -50,3 +50,16 @@ def test_latency_rejects_a_single_output_token(tmp_path):
     ckpt = make_checkpoint(tmp_path / "tiny", "llama")
     result = run_cli("bench", "latency", "--model", str(ckpt), "--device", "cpu", "--output-len", "1")
     assert result.returncode != 0 and "--output-len >= 2" in result.stderr
+
+
+def test_an_eager_moe_executor_blocks_cuda_graphs():
+    """The eager MoE executor syncs with the host, so decode must not be captured with it."""
+    import torch
+
+    from nanocore.builtin.eager_moe import EagerMoEExecutor
+    from nanocore.engine.model_runner import graph_blocker
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert graph_blocker(model) is None
+    model[0].executor = EagerMoEExecutor()
+    assert "eager" in graph_blocker(model).lower() or "EagerMoEExecutor" in graph_blocker(model)

@@ -129,6 +129,16 @@ def build_sampling_tensors(seqs: list[Sequence], eos_token_ids: list[int],
     return base, min_tokens_rows
 
 
+def graph_blocker(model: torch.nn.Module) -> str | None:
+    """Why the model cannot be captured in a CUDA graph (an MoE executor that syncs with the host), or None."""
+    for module in model.modules():
+        executor = getattr(module, "executor", None)
+        if executor is not None and not getattr(executor, "supports_cuda_graph", True):
+            return (f"MoE executor {type(executor).__name__!r} synchronises with the host; choose one with "
+                    f"supports_cuda_graph (e.g. moe_executor='triton_fused_moe') for graph-captured decode")
+    return None
+
+
 class ModelRunner:
     #: False on tensor/expert-parallel workers: they run every forward (its collectives need them); rank 0 samples
     samples = True
@@ -157,7 +167,10 @@ class ModelRunner:
         self._sampling_key: tuple[Sequence, ...] | None = None  # the batch that _sampling_cache was built for
         self._sampling_cache: tuple[SamplingTensors, list] | None = None
         self.decode_graphs = None
-        if device.type == "cuda" and not config.enforce_eager:
+        blocker = graph_blocker(model)
+        if device.type == "cuda" and not config.enforce_eager and blocker:
+            logger.warning("decode runs without CUDA graphs: %s", blocker)
+        elif device.type == "cuda" and not config.enforce_eager:
             from nanocore.engine.cuda_graphs import DecodeGraphs
             self.decode_graphs = DecodeGraphs(model, self.kv_caches, codec, config.max_num_seqs, max_model_len,
                                               self.block_size, device)
