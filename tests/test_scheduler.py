@@ -72,7 +72,7 @@ def test_impossible_request_is_rejected_not_hung():
     with pytest.raises(ValueError, match="whole KV cache has 4"):
         llm.generate("hello world", SamplingParams(max_tokens=16), use_tqdm=False)
     with pytest.raises(ValueError, match="max_model_len"):
-        llm.generate("a" * 500, SamplingParams(max_tokens=16), use_tqdm=False)
+        llm.generate("a" * 520, SamplingParams(max_tokens=16), use_tqdm=False)  # prompt alone > 512
     assert not llm.engine.has_unfinished_requests()
 
 
@@ -156,3 +156,10 @@ def test_preemption_with_prefix_cache_and_chunking():
     outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
     assert token_outputs(outputs) == reference(llm, prompts)
     assert llm.stats().num_preemptions > 0
+
+
+def test_output_past_max_model_len_stops_with_length_like_vllm():
+    llm = make_llm(max_model_len=40)
+    prompt = list(range(3, 33))  # 30 tokens: room for 10 more
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=100, ignore_eos=True), use_tqdm=False)
+    assert len(out[0].outputs[0].token_ids) == 10 and out[0].outputs[0].finish_reason == "length"

@@ -46,12 +46,13 @@ class Scheduler:
 
     # ---- admission -----------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        """Reject a request that can never run, instead of letting it wait forever."""
-        total = num_prompt_tokens + max_tokens
-        if total > self.max_model_len:
+        """Reject a request that can never run, instead of letting it wait forever. As in vLLM, output that
+        would pass max_model_len is not an error: generation stops there with finish reason "length"."""
+        if num_prompt_tokens >= self.max_model_len:
             raise ValueError(
-                f"prompt ({num_prompt_tokens} tokens) + max_tokens ({max_tokens}) = {total} exceeds "
-                f"max_model_len {self.max_model_len}; shorten the prompt or lower max_tokens")
+                f"the prompt has {num_prompt_tokens} tokens but max_model_len is {self.max_model_len} (prompt and "
+                f"output together); shorten the prompt or raise max_model_len")
+        total = min(num_prompt_tokens + max_tokens, self.max_model_len)
         bm = self.block_manager
         blocks = -(-total // bm.block_size)
         if blocks > bm.num_blocks:
