@@ -18,7 +18,7 @@ E, TOP_K, H, I = 8, 3, 16, 12
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     from nanocore.builtin.eager_moe import EagerMoEExecutor
-    from nanocore.distributed import ParallelContext, destroy_distributed, init_distributed
+    from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed
     from nanocore.layers.moe import FusedMoE
 
     parallel = init_distributed(rank, 2, tp_size=1, ep_size=2, init_method=f"tcp://127.0.0.1:{port}")
@@ -37,6 +37,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     torch.testing.assert_close(ep(x, logits), single(x, logits), atol=1e-5, rtol=1e-5)
     destroy_distributed()
     (Path(out_dir) / f"rank{rank}.ok").write_text("ok")
+    exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
 
 
 def free_port() -> int:

@@ -16,7 +16,7 @@ OFFERED = (12, 7)  # rank 0 has more room than rank 1: the minimum must win
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     from nanocore.config import EngineConfig
-    from nanocore.distributed import destroy_distributed
+    from nanocore.distributed import destroy_distributed, exit_worker_process
     from nanocore.engine.workers import join_process_group, min_over_ranks
 
     config = EngineConfig(model="dummy:x", device="cpu", tensor_parallel_size=2)
@@ -24,6 +24,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     agreed = min_over_ranks(OFFERED[rank], torch.device("cpu"))
     destroy_distributed()
     (Path(out_dir) / f"rank{rank}.txt").write_text(str(agreed))
+    exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
 
 
 def free_port() -> int:

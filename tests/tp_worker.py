@@ -19,7 +19,7 @@ SEQS = [[5, 17, 200, 3, 99, 42, 7, 150, 249], [8, 1, 77]]
 
 def worker(rank: int, port: int, out_dir: str, checkpoints: list[str]) -> None:
     from nanocore.config import EngineConfig
-    from nanocore.distributed import destroy_distributed, init_distributed
+    from nanocore.distributed import destroy_distributed, exit_worker_process, init_distributed
     from nanocore.loader import load_model
 
     torch.set_num_threads(1)
@@ -30,6 +30,7 @@ def worker(rank: int, port: int, out_dir: str, checkpoints: list[str]) -> None:
         torch.save({"logits": logits, "kv_cache_spec": loaded.model.kv_cache_spec},
                    Path(out_dir) / f"{Path(ckpt).name}.rank{rank}.pt")
     destroy_distributed()
+    exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
 
 
 def free_port() -> int:

@@ -3,9 +3,10 @@ from nanocore.distributed.parallel import (
     ParallelContext,
     destroy_distributed,
     divide,
+    exit_worker_process,
     init_distributed,
     tp_all_gather,
     tp_all_reduce,
 )
 
-__all__ = ["ParallelContext", "destroy_distributed", "divide", "init_distributed", "tp_all_gather", "tp_all_reduce"]
+__all__ = ["ParallelContext", "destroy_distributed", "divide", "exit_worker_process", "init_distributed", "tp_all_gather", "tp_all_reduce"]

@@ -6,6 +6,8 @@ With ``tp_size == 1`` nothing here touches ``torch.distributed``.
 from __future__ import annotations
 
 import os
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,8 +114,31 @@ def _own_group(rank: int, world_size: int, size: int):
     return mine
 
 
-def destroy_distributed() -> None:
-    """Leave the process group if this process joined one."""
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()  # rank 0 hosts the store: tearing it down while a peer still uses it aborts gloo
+#: Store counter of ranks that left the group (rank 0 waits for the others).
+_LEFT_KEY = "nanocore/left_group"
+
+
+def destroy_distributed(timeout_s: float = 60.0) -> None:
+    """Leave the process group, all ranks together: the other ranks tear down first, then rank 0, which hosts
+    the store (a peer still using the store or its gloo pairs when rank 0 leaves is aborted)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    rank, world = dist.get_rank(), dist.get_world_size()
+    store = dist.distributed_c10d._get_default_store()  # kept alive past destroy by this reference
+    dist.barrier()
+    if rank != 0:
         dist.destroy_process_group()
+        store.add(_LEFT_KEY, 1)
+        return
+    deadline = time.monotonic() + timeout_s
+    while store.add(_LEFT_KEY, 0) < world - 1 and time.monotonic() < deadline:
+        time.sleep(0.005)
+    dist.destroy_process_group()
+
+
+def exit_worker_process(code: int = 0) -> None:
+    """End a spawned worker without interpreter teardown (static destructors of gloo / store threads can
+    abort a process that already finished its work)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

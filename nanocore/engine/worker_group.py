@@ -20,6 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from nanocore.config import EngineConfig
+from nanocore.distributed import destroy_distributed
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner
 from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, dist_timeout,
@@ -235,8 +236,9 @@ def _shutdown(procs: list, conns: list, state: dict) -> None:
     if state["own_group"] and dist.is_initialized():
         if clean:
             with contextlib.suppress(RuntimeError):
-                dist.barrier()  # rank 0 hosts the store: leave together or gloo aborts the workers
-        dist.destroy_process_group()
+                destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
+        if dist.is_initialized():
+            dist.destroy_process_group()
         state["own_group"] = False
     for proc in procs:
         proc.join(timeout=10 if clean else 0.2)

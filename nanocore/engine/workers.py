@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from nanocore.config import EngineConfig
-from nanocore.distributed import ParallelContext, init_distributed
+from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner, choose_num_kv_blocks, kv_bytes_per_block
 
@@ -149,6 +149,7 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
     except BaseException as exc:
         conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         raise SystemExit(1)
+    exit_worker_process(0)  # done and out of the group: skip teardown that can abort on leftover threads
 
 
 class Worker:
@@ -174,8 +175,7 @@ class Worker:
             except EOFError:
                 return  # rank 0 is gone; the daemon flag and the group's timeout end us anyway
             if method == "exit":
-                dist.barrier()  # rank 0 hosts the store: leave together
-                dist.destroy_process_group()
+                destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
                 return
             getattr(self, method)(*args)
 
