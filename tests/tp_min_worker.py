@@ -4,12 +4,12 @@ Usage: python tests/tp_min_worker.py OUT_DIR  (writes OUT_DIR/rank{0,1}.txt)
 """
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+
+from spawn_helpers import spawn_two_ranks  # the script's folder is on sys.path
 
 OFFERED = (12, 7)  # rank 0 has more room than rank 1: the minimum must win
 
@@ -27,11 +27,6 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(free_port(), sys.argv[1]), nprocs=2, join=True)
+    spawn_two_ranks(worker, sys.argv[1])

@@ -4,12 +4,12 @@ Usage: python tests/tp_worker.py OUT_DIR CKPT_DIR [CKPT_DIR ...]  (writes OUT_DI
 """
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 
 import torch
-import torch.multiprocessing as mp
+
+from spawn_helpers import spawn_two_ranks  # the script's folder is on sys.path
 
 sys.path.insert(0, str(Path(__file__).parent))
 from model_fixtures import nanocore_logits  # noqa: E402
@@ -33,11 +33,6 @@ def worker(rank: int, port: int, out_dir: str, checkpoints: list[str]) -> None:
     exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 if __name__ == "__main__":
-    mp.spawn(worker, args=(free_port(), sys.argv[1], sys.argv[2:]), nprocs=2, join=True)
+    spawn_two_ranks(worker, sys.argv[1], sys.argv[2:])

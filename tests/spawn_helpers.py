@@ -1,0 +1,17 @@
+"""Shared by the spawned gloo test workers (tp_worker, tp_min_worker, moe_ep_worker)."""
+from __future__ import annotations
+
+import socket
+
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_two_ranks(worker, *args) -> None:
+    """Run ``worker(rank, port, *args)`` in two spawned processes that rendezvous on a free local port."""
+    mp.spawn(worker, args=(free_port(), *args), nprocs=2, join=True)
