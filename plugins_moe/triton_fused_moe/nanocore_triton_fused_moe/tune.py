@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from nanocore.bench.moe import time_ms
 from nanocore_triton_fused_moe.align import align_slots
 from nanocore_triton_fused_moe.configs import config_file_name, device_name, triton_version, user_config_dir
 
@@ -44,15 +45,7 @@ def time_config(config: dict, args, top_k: int) -> float | None:
         if "resources" not in type(exc).__name__.lower() and "shared memory" not in str(exc).lower():
             raise
         return None
-    times = []
-    for _ in range(10):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        run()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
+    return time_ms(run, min_iters=10, budget_ms=0.0)
 
 
 def tune(num_experts: int, intermediate: int, hidden: int, top_k: int, dtype: torch.dtype = torch.bfloat16,
