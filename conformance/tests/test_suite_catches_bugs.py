@@ -83,11 +83,12 @@ def test_correct_prefix_cache_passes():
 @pytest.mark.parametrize("cache_cls", [EvictsReferencedBlocks, ForgetsNothing, KeepsEverything])
 def test_prefix_cache_bugs_are_caught(cache_cls):
     with pytest.raises(AssertionError):
-        run_machine(cache_cls, report_multiple_bugs=False, phases=[Phase.generate])
+        # derandomized: a fixed exploration that is known to reach each planted bug (random runs missed one rarely)
+        run_machine(cache_cls, report_multiple_bugs=False, phases=[Phase.generate], derandomize=True)
 
 
 # shrinking the planted failures would only cost time
-settings.register_profile("planted_bugs", phases=[Phase.explicit, Phase.generate], database=None)
+settings.register_profile("planted_bugs", phases=[Phase.explicit, Phase.generate], database=None, derandomize=True)
 
 
 class Outcomes:
