@@ -1,23 +1,50 @@
 #!/usr/bin/env bash
-# Every GPU check and benchmark of the engine in one run on the H200 (each step time-boxed; a failure
-# does not stop the rest). Usage from the repo root on the GPU machine:  bash nanocore/bench/gpu_suite.sh OUTDIR
-out=${1:?usage: gpu_suite.sh OUTDIR}
+# Every GPU check and benchmark of the engine, grouped in sections, in one call on the H200 (each step
+# time-boxed; a failure does not stop the rest). Usage from the repo root on the GPU machine:
+#   bash nanocore/bench/gpu_suite.sh OUTDIR [SECTION ...]     (default: every section, in this order)
+# Sections: tests engine profile codecs prefix moe interference attention
+out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
+sections=${*:-tests engine profile codecs prefix moe interference attention}
 source nanocore/bench/gpu_setup.sh || exit 1
 N="python3 -m nanocore.cli.main"
 Q06="--model dummy:Qwen3-0.6B --device cuda --dtype bfloat16"
 Q7="--model dummy:Qwen2.5-7B --device cuda --dtype bfloat16"
+MOE="--model dummy:Qwen1.5-MoE-A2.7B --device cuda --dtype bfloat16"
 step() { local t=$1; shift; echo "== $*"; timeout "$t" "$@" 2>&1 | tail -"${TAIL:-6}"; }
 
-TAIL=12 step 80 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_gpu_engine.py plugins/decode_first
-TAIL=30 step 60 python3 nanocore/bench/attention_micro.py --quant-only --json "$out/attention_quant.json"
-for codec in unquantized k_int8_v_fp8; do
-  step 55 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $codec --json "$out/throughput_qwen3_0.6b_$codec.json"
-  step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec $codec --json "$out/latency_qwen3_0.6b_$codec.json"
-done
-step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen2.5_7b.json"
-step 30 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager --json "$out/prefill_qwen3_0.6b.json"
-TAIL=8 step 50 $N bench prefix $Q06 --num-kv-blocks 8192 --prefix-cache hash --scenario no-reuse,shared-prefix \
-  --repeats 2 --json "$out/prefix_hash_qwen3_0.6b.json"
-TAIL=10 step 70 $N bench interference $Q7 --b-prompt-len 32768 --json "$out/interference.json" --plot "$out/interference.png"
-# with time left: the attention kernels' own cuda tests (about 100 compiles)
-TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py -x
+for s in $sections; do case $s in
+tests)
+  TAIL=12 step 100 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_gpu_engine.py plugins/decode_first ;;
+engine)
+  step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
+  step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen3_0.6b_unquantized.json"
+  step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen2.5_7b.json"
+  step 30 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager \
+    --json "$out/prefill_qwen3_0.6b.json" ;;
+profile)
+  TAIL=20 step 60 python3 -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --device cuda --dtype bfloat16 \
+    --batch-sizes 1 64 256 --context-len 512 --json "$out/step_profile_0.6b.json" ;;
+codecs)
+  TAIL=30 step 60 python3 nanocore/bench/attention_micro.py --quant-only --json "$out/attention_quant.json"
+  step 55 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
+  step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec k_int8_v_fp8 \
+    --json "$out/latency_qwen3_0.6b_k_int8_v_fp8.json" ;;
+prefix)
+  for m in "$Q06" "$Q7"; do
+    tag=$(echo "$m" | sed 's/.*dummy:\([^ ]*\).*/\1/')
+    TAIL=8 step 60 $N bench prefix $m --num-kv-blocks 8192 --prefix-cache hash --scenario no-reuse,shared-prefix \
+      --repeats 2 --json "$out/prefix_hash_$tag.json"
+  done ;;
+moe)
+  step 90 $N bench latency $MOE --max-num-seqs 8 --max-model-len 1024 --moe-executor eager --enforce-eager \
+    --repeats 1 --json "$out/latency_qwen1.5_moe_eager.json"
+  step 60 $N bench latency $MOE --max-num-seqs 8 --max-model-len 1024 --moe-executor triton_fused_moe \
+    --json "$out/latency_qwen1.5_moe_fused.json"
+  step 120 $N bench throughput $MOE --max-model-len 2048 --min-len 128 --max-len 1024 --moe-executor triton_fused_moe \
+    --json "$out/throughput_qwen1.5_moe_fused.json" ;;
+interference)
+  TAIL=10 step 70 $N bench interference $Q7 --b-prompt-len 32768 --json "$out/interference.json" --plot "$out/interference.png" ;;
+attention)  # the attention kernels' own cuda tests (about 100 compiles)
+  TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py -x ;;
+*) echo "unknown section $s" ;;
+esac; done
