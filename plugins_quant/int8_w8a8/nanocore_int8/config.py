@@ -40,3 +40,11 @@ def activation_scheme_of(config: dict[str, Any] | None, default: str) -> str:
     if activations.get("type") != "int" or activations.get("num_bits") != 8:
         raise CheckpointFormatError(f"input_activations {activations} are not 8-bit int; choose a matching method")
     return "dynamic" if activations.get("dynamic") else "static"
+
+
+def is_weight_only(config: dict[str, Any] | None) -> bool:
+    """True for a valid int8 compressed-tensors config without input activations (W8A16); never raises."""
+    try:
+        return bool(config) and activation_scheme_of(config, "dynamic") == "none"
+    except CheckpointFormatError:
+        return False

@@ -16,11 +16,13 @@ from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
 from nanocore.quant_utils import (INT8_MAX, CheckpointFormatError, add_param, check_all_loaded,
                                   quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row)
-from nanocore_int8.config import activation_scheme_of, compressed_tensors_config
+from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
 
 _OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict}
 #: ``torch._int_mm`` on CUDA needs more than 16 rows; decode batches take the dequantizing GEMV instead.
 _INT_MM_MIN_M = 17
+#: Added to ``checkpoint_priority`` for the method whose activation scheme is the checkpoint's.
+_SCHEME_MATCH_BONUS = 2
 
 
 def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
@@ -71,6 +73,13 @@ class _Int8Base(LinearMethod):
         if self.activation_scheme == "static":
             add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
 
+    @classmethod
+    def checkpoint_priority_for(cls, quantization_config: dict[str, Any] | None) -> int:
+        """``auto``'s preference for this checkpoint: the method named for its activation scheme wins
+        (int8_w8a16 for a weight-only config, int8_w8a8 otherwise)."""
+        matches = is_weight_only(quantization_config) == (cls.default_scheme == "none")
+        return cls.checkpoint_priority + (_SCHEME_MATCH_BONUS if matches else 0)
+
     def process_weights_after_loading(self, layer):
         names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
         check_all_loaded(layer, names, self.name)
@@ -94,7 +103,7 @@ class Int8W8A16LinearMethod(_Int8Base):
     """int8 weights per output channel; activations stay in the model dtype."""
 
     tolerance = (0.02, 0.02)  # int8 rounds to 1/254 of a row's range; measured worst 0.014 of max|y|
-    # loads compressed-tensors int8 checkpoints when named; "auto" prefers int8_w8a8, which runs weight-only ones too
+    # "auto" picks it for weight-only configs (checkpoint_priority_for); int8_w8a8 for the rest
     checkpoint_priority = 0
     default_scheme = "none"
 
