@@ -1,12 +1,22 @@
 """Triton GEMMs for weights quantized per output channel (fp8 e4m3 or int8), dequantized in registers.
 
-``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``: a tiled GEMM, and a
-GEMV-style kernel for decode (M <= ``DECODE_MAX_M``) that streams each weight row once for all tokens.
-fp8 is read as uint8 and widened with integer ops (no fp8 hardware needed, and the Triton interpreter
-runs it): e4m3 bits shifted into an fp16 are the value / 256, so 256 is folded into the scale.
-Torch reference: :func:`weight_only_linear_torch`. Used by the fp8 and int8 plugins.
+``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``. Two kernels:
+
+* ``splitk`` (decode, M <= ``DECODE_MAX_M``): each program streams ``BLOCK_N`` weight rows over one K slice
+  for all tokens, so even N = 3584 keeps every SM busy; the last slice to finish sums the fp32 partials
+  (one launch, deterministic). M = 1..2 reduce with FMAs, larger M with ``tl.dot``.
+* ``tiled`` (prefill): grouped-order tiled GEMM; with int8 activations (``int8_w8a8``) an int8 ``tl.dot``.
+
+fp8 converts natively on sm_89+; elsewhere (and in the Triton interpreter) it is read as uint8 and widened
+with integer ops: e4m3 bits shifted into an fp16 are the value / 256, so 256 is folded into the scale.
+Launch parameters are a :class:`GemmConfig` (``plugins_quant/tune_linear_gpu.py`` times several).
+Torch reference: :func:`weight_only_linear_torch`. Used by the fp8, int8 and awq plugins.
 """
 from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,8 +27,24 @@ try:
 except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
-#: M at or below which the GEMV-style decode kernel runs instead of the tiled GEMM.
-DECODE_MAX_M = 8
+#: M at or below which the split-K decode kernel runs instead of the tiled GEMM.
+DECODE_MAX_M = 16
+#: Weight encodings the kernels read: int8 values, fp8 loaded natively, fp8 bits widened with integer ops.
+W_INT8, W_FP8, W_FP8_BITS = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch parameters of one kernel variant."""
+    kind: str = "splitk"  # "splitk" (decode GEMV) or "tiled" (GEMM)
+    block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
+    block_n: int = 32
+    block_k: int = 256
+    split_k: int = 0  # splitk: K slices; 0 picks enough for ~4 programs per SM
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8  # tiled: row tiles that share weight tiles in L2
+    fp8_native: bool | None = None  # None: native where the GPU converts fp8 (sm_89+)
 
 
 def weight_only_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -37,31 +63,116 @@ def gemm_input_rows(x: torch.Tensor, expected_k: int, what: str = "the weight") 
     return (x2 if x2.stride(-1) == 1 else x2.contiguous()), tuple(lead)
 
 
-def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None):
-    """``x [..., K]`` (fp16/bf16/fp32) times fp8 or int8 ``weight [N, K]`` with ``scale [N]``; GEMV for small M."""
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+
+
+@functools.lru_cache(maxsize=None)
+def _native_fp8(device: torch.device) -> bool:
+    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
+        return False
+    return torch.cuda.get_device_capability(device) >= (8, 9)
+
+
+def default_config(m: int, n: int, k: int) -> GemmConfig:
+    """The measured-best variant for an ``[m, k] x [k, n]`` shape (tune_linear_gpu.py picks these)."""
+    if m <= DECODE_MAX_M:
+        return GemmConfig("splitk", block_m=triton.next_power_of_2(m) if m <= 2 else 16, block_n=32, block_k=256)
+    if m <= 64:
+        return GemmConfig("tiled", block_m=triton.next_power_of_2(max(m, 16)) if m < 64 else 64, block_n=64,
+                          block_k=128, num_warps=4, num_stages=4)
+    if m <= 256:
+        return GemmConfig("tiled", block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+    return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int = 0) -> int:
+    """K slices: enough programs for ~4 per SM, each slice at least two K tiles long."""
+    if requested:
+        return max(1, min(requested, k_tiles))
+    want = triton.cdiv(4 * _num_sms(device), grid_n)
+    return max(1, min(want, k_tiles // 2, 16))
+
+
+_LOCKS: dict[torch.device, torch.Tensor] = {}
+
+
+def splitk_workspace(split_k: int, m: int, n: int, grid_n: int, device: torch.device):
+    """fp32 partials ``[split_k, m, n]`` and the per-column-block arrival counters (kept at zero)."""
+    if split_k == 1:
+        return None, None
+    locks = _LOCKS.get(device)
+    if locks is None or locks.numel() < grid_n:  # counters reset themselves, so one buffer serves every call
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("split-K counters must be allocated before CUDA-graph capture; run once eagerly")
+        locks = _LOCKS[device] = torch.zeros(max(grid_n, 1 << 16), dtype=torch.int32, device=device)
+    return torch.empty((split_k, m, n), dtype=torch.float32, device=device), locks
+
+
+def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
+                       config: GemmConfig | None = None):
+    """``x [..., K]`` (fp16/bf16/fp32) times fp8 or int8 ``weight [N, K]`` with ``scale [N]``."""
     x2, lead = gemm_input_rows(x, weight.shape[1])
     (m, k), n = x2.shape, weight.shape[0]
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*lead, n)
-    w_fp8 = weight.dtype == torch.float8_e4m3fn
-    w_bits = weight.view(torch.uint8) if w_fp8 else weight
-    s = scale.reshape(-1).float()
-    b = bias if bias is not None else s  # placeholder pointer when there is no bias
-    if m <= DECODE_MAX_M:
-        block_m = triton.next_power_of_2(m)
-        grid = (triton.cdiv(n, 32), )
-        _weight_gemv_kernel[grid](x2, w_bits, s, b, y, m, n, k, x2.stride(0), w_bits.stride(0), y.stride(0),
-                               HAS_BIAS=bias is not None, W_FP8=w_fp8, BLOCK_M=block_m, BLOCK_N=32,
-                               BLOCK_K=128 if block_m <= 2 else 64, num_warps=4)
+    cfg = config or default_config(m, n, k)
+    w_kind, w = W_INT8, weight
+    if weight.dtype == torch.float8_e4m3fn:
+        native = _native_fp8(x.device) if cfg.fp8_native is None else cfg.fp8_native
+        w_kind, w = (W_FP8, weight) if native else (W_FP8_BITS, weight.view(torch.uint8))
+    s = scale.reshape(-1).float() * (256.0 if w_kind == W_FP8_BITS else 1.0)
+    if cfg.kind == "splitk":
+        _launch_splitk(x2, w, s, bias, y, w_kind, cfg)
     else:
-        block_m = 32 if m <= 32 else (64 if m <= 64 else 128)
-        block_n, block_k = (128, 64) if block_m == 128 else (64, 128)
-        grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n), )
-        _weight_gemm_kernel[grid](x2, w_bits, s, b, y, m, n, k, x2.stride(0), w_bits.stride(0), y.stride(0),
-                               HAS_BIAS=bias is not None, W_FP8=w_fp8, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
-                               GROUP_M=8, num_warps=8 if block_m == 128 else 4, num_stages=3)
+        launch_tiled(x2, w, s, None, bias, y, w_kind, cfg)
     return y.reshape(*lead, n)
+
+
+def int8_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       bias: torch.Tensor | None, out_dtype: torch.dtype, config: GemmConfig | None = None):
+    """int8 ``xq [M, K]`` (float32 ``x_scale``: one per row, or one for all) times int8 ``weight [N, K]``."""
+    (m, k), n = xq.shape, weight.shape[0]
+    y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
+    if m == 0:
+        return y
+    cfg = config or default_config(m, n, k)
+    if cfg.kind != "tiled" or cfg.block_m < 16:
+        raise ValueError(f"int8 x int8 runs the tiled kernel with block_m >= 16, not {cfg}")
+    xs = x_scale.float().reshape(-1).expand(m).contiguous()
+    launch_tiled(xq, weight, scale.reshape(-1).float(), xs, bias, y, W_INT8, cfg)
+    return y
+
+
+def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
+    (m, k), n = x2.shape, w.shape[0]
+    if m > cfg.block_m and cfg.block_m < 16:
+        raise ValueError(f"splitk config block_m={cfg.block_m} is too small for M={m}")
+    block_m = max(triton.next_power_of_2(m), 16) if cfg.block_m >= 16 else cfg.block_m
+    grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
+    split_k = split_k_for(grid_n, k_tiles, x2.device, cfg.split_k)
+    k_per_split = triton.cdiv(k_tiles, split_k) * cfg.block_k
+    split_k = triton.cdiv(k, k_per_split)
+    partials, locks = splitk_workspace(split_k, m, n, grid_n, x2.device)
+    b = bias if bias is not None else s  # placeholder pointer when there is no bias
+    _wo_splitk_kernel[(grid_n, split_k)](
+        x2, w, s, b, y, partials if partials is not None else s, locks if locks is not None else s,
+        m, n, k, k_per_split, x2.stride(0), w.stride(0), y.stride(0), HAS_BIAS=bias is not None, W_KIND=w_kind,
+        BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def launch_tiled(x2, w, s, x_scale, bias, y, w_kind, cfg: GemmConfig) -> None:
+    """Tiled GEMM; ``x_scale [M]`` (float32) means ``x2`` is int8 and the dot runs on int8 tensor cores."""
+    (m, k), n = x2.shape, w.shape[0]
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n), )
+    b = bias if bias is not None else s
+    _weight_gemm_kernel[grid](x2, w, s, x_scale if x_scale is not None else s, b, y, m, n, k, x2.stride(0),
+                              w.stride(0), y.stride(0), HAS_BIAS=bias is not None, A_INT8=x_scale is not None,
+                              W_KIND=w_kind, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+                              GROUP_M=cfg.group_m, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 if triton is not None:
@@ -73,63 +184,94 @@ if triton is not None:
         return h.to(tl.float16, bitcast=True)
 
     @triton.jit
-    def _widen(w, W_FP8: tl.constexpr):
-        """Stored weights -> fp16: fp8 bit patterns (value / 256), or int8 values (exact)."""
-        if W_FP8:
-            return _e4m3_bits_to_fp16(w)
-        return w.to(tl.float16)
+    def _widen(w, W_KIND: tl.constexpr, dtype: tl.constexpr):
+        """Stored weights -> ``dtype`` (int8 exact, fp8 native, or fp8 bits as value / 256)."""
+        if W_KIND == 2:
+            return _e4m3_bits_to_fp16(w).to(dtype)
+        return w.to(dtype)
 
     @triton.jit
-    def _weight_gemm_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                         HAS_BIAS: tl.constexpr, W_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-        pid = tl.program_id(0)
+    def splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym,
+                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
+        """Store ``acc`` (+ bias); with split-K the last of the K slices of this column block sums them."""
+        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
+        out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
+        if SPLIT_K == 1:
+            if HAS_BIAS:
+                acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        else:
+            mn = offs_m[:, None] * N + offs_n[None, :]
+            tl.store(part_ptr + tl.program_id(1) * M * N + mn, acc, mask=mask)
+            tl.debug_barrier()  # every thread's partial is written before the release below
+            arrived = tl.atomic_add(lock_ptr + tl.program_id(0), 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros_like(acc)
+                for i in range(SPLIT_K):  # .cg: other SMs' partials live in L2, not in this SM's L1
+                    total += tl.load(part_ptr + i * M * N + mn, mask=mask, other=0.0, cache_modifier=".cg")
+                tl.atomic_xchg(lock_ptr + tl.program_id(0), 0)  # ready for the next launch
+                if HAS_BIAS:
+                    total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+                tl.store(out, total.to(y_ptr.dtype.element_ty), mask=mask)
+
+    @triton.jit
+    def _wo_splitk_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
+                          stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, W_KIND: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                          SPLIT_K: tl.constexpr):
+        # program (n block, K slice): stream BLOCK_N weight rows of this slice once for all M tokens
+        offs_m = tl.arange(0, BLOCK_M)
+        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+        offs_k = tl.arange(0, BLOCK_K)
+        k_start = tl.program_id(1) * k_per_split
+        k_end = tl.minimum(K, k_start + k_per_split)
+        w_rows = w_ptr + offs_n[:, None] * stride_wn
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(k_start, k_end, BLOCK_K):
+            ks = k0 + offs_k
+            w = tl.load(w_rows + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < k_end), other=0)
+            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
+                        mask=(offs_m[:, None] < M) & (ks[None, :] < k_end), other=0.0)
+            if BLOCK_M >= 16:
+                acc = tl.dot(x, tl.trans(_widen(w, W_KIND, x.dtype)), acc)
+            else:
+                wf = _widen(w, W_KIND, tl.float32)
+                acc += tl.sum(x.to(tl.float32)[:, None, :] * wf[None, :, :], axis=2)
+        acc = acc * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
+
+    @triton.jit
+    def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
+        """(row tile, column tile) of program ``pid`` in grouped order: neighbours share weight tiles in L2."""
         grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        # grouped launch order: neighbouring programs share weight tiles in L2
-        group = pid // (GROUP_M * grid_n)
-        first_m = group * GROUP_M
+        first_m = (pid // (GROUP_M * grid_n)) * GROUP_M
         size_m = min(grid_m - first_m, GROUP_M)
-        pid_m = first_m + (pid % (GROUP_M * grid_n)) % size_m
-        pid_n = (pid % (GROUP_M * grid_n)) // size_m
+        return first_m + (pid % (GROUP_M * grid_n)) % size_m, (pid % (GROUP_M * grid_n)) // size_m
+
+    @triton.jit
+    def _weight_gemm_kernel(x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                            HAS_BIAS: tl.constexpr, A_INT8: tl.constexpr, W_KIND: tl.constexpr,
+                            BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                            GROUP_M: tl.constexpr):
+        pid_m, pid_n = grouped_tile(tl.program_id(0), M, N, BLOCK_M, BLOCK_N, GROUP_M)
         offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
         offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.int32 if A_INT8 else tl.float32)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + offs_k
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
-                        mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0)
-            bits = tl.load(w_ptr + offs_n[None, :] * stride_wn + ks[:, None],
-                           mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=0)
-            acc = tl.dot(x, _widen(bits, W_FP8).to(x.dtype), acc)
-        scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0) * (256.0 if W_FP8 else 1.0)
-        acc = acc * scale[None, :]
+                        mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0)
+            w = tl.load(w_ptr + offs_n[None, :] * stride_wn + ks[:, None],
+                        mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=0)
+            if A_INT8:
+                acc = tl.dot(x, w, acc, out_dtype=tl.int32)
+            else:
+                acc = tl.dot(x, _widen(w, W_KIND, x.dtype), acc)
+        out = acc.to(tl.float32) * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        if A_INT8:
+            out = out * tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]
         if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
-                 mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
-
-    @triton.jit
-    def _weight_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                         HAS_BIAS: tl.constexpr, W_FP8: tl.constexpr, BLOCK_M: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-        # decode: every program streams BLOCK_N weight rows once for all M (<= 8) tokens
-        pid_n = tl.program_id(0)
-        offs_m = tl.arange(0, BLOCK_M)
-        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        offs_k = tl.arange(0, BLOCK_K)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + offs_k
-            x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
-                        mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0.0).to(tl.float32)
-            bits = tl.load(w_ptr + offs_n[:, None] * stride_wn + ks[None, :],
-                           mask=(offs_n[:, None] < N) & (ks[None, :] < K), other=0)
-            w = _widen(bits, W_FP8).to(tl.float32)
-            acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
-        scale = tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0) * (256.0 if W_FP8 else 1.0)
-        acc = acc * scale[None, :]
-        if HAS_BIAS:
-            acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
+            out += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
+        tl.store(y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :], out.to(y_ptr.dtype.element_ty),
                  mask=(offs_m[:, None] < M) & (offs_n[None, :] < N))
