@@ -13,7 +13,7 @@ import torch
 
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
+from nanocore.kernels.quant_gemm import DECODE_MAX_M, int8_scaled_linear, weight_only_linear, weight_only_linear_torch
 from nanocore.quant_utils import (INT8_MAX, CheckpointFormatError, add_param, check_all_loaded,
                                   quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row)
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
@@ -84,11 +84,14 @@ class _Int8Base(LinearMethod):
         names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
         check_all_loaded(layer, names, self.name)
 
-    def _weight_only(self, layer, x, bias):
+    def _triton_usable(self, x: torch.Tensor) -> bool:
         usable = x.is_cuda and self.kernel != "torch" and triton_reason(x.device, self.name) is None
         if self.kernel == "triton" and not usable:
             raise RuntimeError(f"{self.name}: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
-        if usable:
+        return usable
+
+    def _weight_only(self, layer, x, bias):
+        if self._triton_usable(x):
             return weight_only_linear(x, layer.weight, layer.weight_scale, bias)
         return weight_only_linear_torch(x, layer.weight, layer.weight_scale, bias)
 
@@ -133,6 +136,8 @@ class Int8W8A8LinearMethod(_Int8Base):
             xq = quantize_int8(x2, x_scale)
         else:
             xq, x_scale = quantize_int8_per_row(x2)
+        if self._triton_usable(x):  # int8 tensor cores with the scales and bias fused into the epilogue
+            return int8_scaled_linear(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype).reshape(*lead, -1)
         acc = _int_gemm(xq, layer.weight)
         y = (acc.float() * x_scale * layer.weight_scale.view(1, -1)).to(x.dtype)
         if bias is not None:
