@@ -3,7 +3,8 @@
 Seams follow vLLM's modular fused MoE. The router picks ``top_k`` experts per token (softmax, then
 optional renormalisation). Prepare/finalize moves tokens to the experts' owners and the results back:
 ``LocalPrepareFinalize`` when one rank holds every expert, ``AllToAllPrepareFinalize`` for expert
-parallelism. The executor only ever sees this rank's stacked weights ``w13[E_local, 2I, H]`` (gate
+parallelism. A shared expert (Qwen2-MoE) may run beside the routed experts on a side CUDA stream
+(``StreamOverlap``). The executor only ever sees this rank's stacked weights ``w13[E_local, 2I, H]`` (gate
 rows then up rows) and ``w2[E_local, H, I]``, loaded from per-expert checkpoint tensors.
 """
 from __future__ import annotations
@@ -24,6 +25,9 @@ ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 _EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
 _SHARD_OF_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
+
+#: Default of the engine option ``moe_shared_expert_overlap``: shared expert on a side CUDA stream.
+SHARED_EXPERT_OVERLAP = True
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -98,6 +102,44 @@ class AllToAllPrepareFinalize:
         out = tensor.new_empty((sum(recv), *tensor.shape[1:]))
         dist.all_to_all_single(out, tensor.contiguous(), recv, send, group=self.group)
         return out
+
+
+class StreamOverlap:
+    """``run(device, main_fn, side_fn) -> (main_fn(), side_fn())``, the two concurrently on CUDA.
+
+    Fork: a side stream waits on an event recorded on the current stream, then ``side_fn`` is launched
+    on it before ``main_fn`` (so the GPU starts it while the host still launches the main branch). Join:
+    the current stream waits on the side stream before returning. Both are legal inside CUDA-graph
+    capture, where they become two parallel branches of the graph. One side stream per device, taken
+    once and kept. Disabled, or on CPU, the branches run one after the other: same kernels, same numbers.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+    def active(self, device: torch.device) -> bool:
+        return self.enabled and device.type == "cuda"
+
+    def run(self, device: torch.device, main_fn: Callable[[], torch.Tensor],
+            side_fn: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.active(device):
+            return main_fn(), side_fn()
+        main, side = torch.cuda.current_stream(device), self.side_stream(device)
+        side.wait_stream(main)  # fork: the side branch's inputs are complete
+        with torch.cuda.stream(side):
+            side_out = side_fn()
+        main_out = main_fn()
+        main.wait_stream(side)  # join: the caller may combine the two
+        # side_out is freed after main's reads: without this the allocator could hand it to the side stream
+        # too early. Inputs need nothing: the caller holds them past the join, and main's later reuse follows it.
+        side_out.record_stream(main)
+        return main_out, side_out
+
+    def side_stream(self, device: torch.device) -> torch.cuda.Stream:
+        if device not in self._side_streams:
+            self._side_streams[device] = torch.cuda.Stream(device)
+        return self._side_streams[device]
 
 
 class FusedMoE(nn.Module):

@@ -1,7 +1,7 @@
 """Qwen2-MoE (Qwen1.5-MoE): the Qwen2 decoder whose MLP is a sparse MoE block plus a gated shared expert.
 
     x -> router softmax top-k -> routed experts (FusedMoE: prepare/finalize + MoEExecutor)
-      + sigmoid(shared_expert_gate x) * shared_expert(x)
+      + sigmoid(shared_expert_gate x) * shared_expert(x)     (on a side CUDA stream, concurrently)
 
 Layers listed in ``mlp_only_layers`` (or off the ``decoder_sparse_step`` grid) keep a dense MLP.
 """
@@ -11,15 +11,21 @@ import torch
 from torch import nn
 
 from nanocore.builtin.eager_moe import EagerMoEExecutor
-from nanocore.layers.moe import FusedMoE, Router, match_expert_weight
+from nanocore.layers import moe as moe_layer
+from nanocore.layers.moe import FusedMoE, Router, StreamOverlap, match_expert_weight
 from nanocore.models.decoder import DecoderForCausalLM, DecoderOptions, GatedMLP
 
 
 class SparseMoeBlock(nn.Module):
-    """Router + routed experts, and the shared expert with its sigmoid gate when the config has one."""
+    """Router + routed experts, and the shared expert with its sigmoid gate when the config has one.
 
-    def __init__(self, cfg, build, opts: DecoderOptions, prefix: str):
+    ``overlap`` runs the gated shared expert on a side CUDA stream beside router + routed experts
+    (default: ``shared_expert_overlap(build)``); ``overlap.enabled = False`` makes it sequential.
+    """
+
+    def __init__(self, cfg, build, opts: DecoderOptions, prefix: str, overlap: StreamOverlap | None = None):
         super().__init__()
+        self.overlap = overlap if overlap is not None else shared_expert_overlap(build)
         self.gate = Router(cfg.hidden_size, cfg.num_experts, build.dtype)
         self.experts = FusedMoE(
             cfg.num_experts, cfg.num_experts_per_tok, cfg.hidden_size, cfg.moe_intermediate_size,
@@ -32,10 +38,25 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert_gate = Router(cfg.hidden_size, 1, build.dtype) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = self.experts(x, self.gate(x))
-        if self.shared_expert is not None:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
-        return out
+        if self.shared_expert is None:
+            return self.experts(x, self.gate(x))
+        routed, shared = self.overlap.run(x.device, lambda: self.experts(x, self.gate(x)),
+                                          lambda: self.gated_shared_expert(x))
+        return routed + shared
+
+    def gated_shared_expert(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+
+
+def shared_expert_overlap(build) -> StreamOverlap:
+    """The engine's choice (``build.moe_shared_expert_overlap``, else the module default), sequential under TP.
+
+    Under TP both branches end in an all-reduce on one communicator; that pair is untested on two
+    concurrent streams inside graph capture, so it stays sequential until measured on several GPUs.
+    """
+    enabled = getattr(build, "moe_shared_expert_overlap", None)
+    enabled = moe_layer.SHARED_EXPERT_OVERLAP if enabled is None else bool(enabled)  # read now: settable
+    return StreamOverlap(enabled and build.parallel.tp_size == 1)
 
 
 def is_sparse_layer(cfg, layer_idx: int) -> bool:
@@ -49,9 +70,11 @@ class MoEDecoderForCausalLM(DecoderForCausalLM):
     """A Llama-family decoder with sparse MoE MLPs; per-expert checkpoint tensors load into w13 / w2."""
 
     def make_mlp(self, prefix: str, layer_idx: int) -> nn.Module:
-        if is_sparse_layer(self.config, layer_idx):
-            return SparseMoeBlock(self.config, self.build, self.options, prefix)
-        return GatedMLP(self.config, self.build, self.options, prefix)
+        if not is_sparse_layer(self.config, layer_idx):
+            return GatedMLP(self.config, self.build, self.options, prefix)
+        if getattr(self, "shared_expert_overlap", None) is None:  # one side stream for all layers: they run in turn
+            self.shared_expert_overlap = shared_expert_overlap(self.build)
+        return SparseMoeBlock(self.config, self.build, self.options, prefix, overlap=self.shared_expert_overlap)
 
     def map_name(self, hf_name: str) -> tuple[str, tuple]:
         expert = match_expert_weight(hf_name)
