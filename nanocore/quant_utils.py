@@ -54,6 +54,84 @@ def quantize_int8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_int8(x, scale), scale
 
 
+# ---- fp8 weights: scale search and error feedback (offline side of the fp8 methods) ----------------
+#: Per-channel scale multipliers tried by the search: an octave above absmax / 448 (the e4m3 grid shifts
+#: against the values without clipping) and a few clipping steps below it.
+FP8_SCALE_FACTORS = tuple(torch.linspace(0.85, 2.0, 116).tolist())
+
+
+def fp8_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale
+
+
+def fp8_search_scale(w: torch.Tensor, column_weight: torch.Tensor | None = None) -> torch.Tensor:
+    """Per-row scale ``[N, 1]`` minimising the rounding error ``sum_k h_k (w - deq(q(w)))^2``.
+
+    ``column_weight`` ``h [K]`` is the mean squared activation of each input channel (uniform if None),
+    so the error is the expected output error of the layer under a diagonal model of its inputs.
+    """
+    w = w.float()
+    h = torch.ones(w.shape[1]) if column_weight is None else column_weight.float().clamp_min(0)
+    base = symmetric_scale(w, FP8_MAX)
+    best_err, best = None, base
+    for factor in FP8_SCALE_FACTORS:
+        scale = base * factor
+        err = ((w - fp8_dequantize(quantize_fp8(w, scale), scale)) ** 2 * h).sum(dim=1, keepdim=True)
+        if best_err is None:
+            best_err, best = err, scale
+        else:
+            better = err < best_err
+            best_err, best = torch.where(better, err, best_err), torch.where(better, scale, best)
+    return best
+
+
+def fp8_gptq(w: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, damp: float = 0.01,
+             block: int = 128) -> torch.Tensor:
+    """fp8 values for ``w [N, K]`` with fixed per-row ``scale``, rounding column by column and pushing each
+    column's error onto the columns not yet rounded (GPTQ, in activation order) so that ``x @ w.T`` of the
+    calibration inputs ``x [T, K]`` changes least. Same format as round-to-nearest, only better values."""
+    w = w.float().clone()
+    n, k = w.shape
+    hessian = x.float().t() @ x.float() / max(x.shape[0], 1)
+    dead = hessian.diagonal() == 0
+    hessian[dead, dead] = 1.0
+    w[:, dead] = 0.0
+    order = torch.argsort(hessian.diagonal(), descending=True)
+    w, hessian = w[:, order], hessian[order][:, order]
+    hessian += torch.eye(k) * damp * hessian.diagonal().mean()
+    hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hessian)), upper=True)
+    q = torch.empty(n, k, dtype=FP8_DTYPE)
+    for start in range(0, k, block):
+        end = min(start + block, k)
+        w_blk, err_blk, hinv_blk = w[:, start:end].clone(), torch.zeros(n, end - start), hinv[start:end, start:end]
+        for i in range(end - start):
+            col = w_blk[:, i:i + 1]
+            q_col = quantize_fp8(col, scale)
+            err = (col - fp8_dequantize(q_col, scale)) / hinv_blk[i, i]
+            w_blk[:, i:] -= err * hinv_blk[i:i + 1, i:]
+            err_blk[:, i:i + 1], q[:, start + i:start + i + 1] = err, q_col
+        w[:, end:] -= err_blk @ hinv[start:end, end:]
+    return q[:, torch.argsort(order)]
+
+
+def quantize_fp8_weight(w: torch.Tensor, x: torch.Tensor | None = None,
+                        scale_method: str = "search") -> tuple[torch.Tensor, torch.Tensor]:
+    """fp8 e4m3 weight ``[N, K]`` + float32 per-channel scale ``[N, 1]`` (the standard fp8 checkpoint layout).
+
+    ``scale_method``: ``absmax`` (absmax / 448, round to nearest) or ``search`` (scale search; with
+    calibration inputs ``x [T, K]`` the error is activation weighted and the rounding uses GPTQ).
+    """
+    if scale_method == "absmax":
+        return quantize_fp8_per_row(w)
+    if scale_method != "search":
+        raise ValueError(f"fp8 scale method must be 'search' or 'absmax', got {scale_method!r}")
+    column_weight = None if x is None else (x.float() ** 2).mean(dim=0)
+    scale = fp8_search_scale(w, column_weight)
+    if x is None:
+        return quantize_fp8(w, scale), scale
+    return fp8_gptq(w, x, scale), scale
+
+
 # ---- AutoAWQ int4 (GEMM format) ---------------------------------------------------------------
 def pack_int4_awq(q: torch.Tensor) -> torch.Tensor:
     """Pack int4 values ``[R, C]`` (0..15) into int32 ``[R, C / 8]`` in AutoAWQ's interleaved order."""
@@ -224,12 +302,20 @@ def config_option(options: dict[str, Any], key: str, default: Any) -> Any:
 
 def quantize_checkpoint_linears(method: str, weights: dict[str, torch.Tensor],
                                 calibration: dict[str, torch.Tensor] | None, static_inputs: bool,
-                                quantize_per_row: Callable, qmax: float) -> dict[str, torch.Tensor]:
+                                quantize_per_row: Callable, qmax: float,
+                                with_inputs: bool = False) -> dict[str, torch.Tensor]:
     """Offline side shared by the 8-bit methods: per-row quantized ``weight`` + ``weight_scale`` for every
-    quantizable linear, plus a static per-tensor ``input_scale`` from calibration when asked for."""
+    quantizable linear, plus a static per-tensor ``input_scale`` from calibration when asked for.
+
+    ``with_inputs``: call ``quantize_per_row(weight, inputs)`` with the layer's calibration inputs (or None).
+    """
     out = dict(weights)
     for prefix in quantizable_linears(weights):
-        q, scale = quantize_per_row(weights[tensor_name(prefix, "weight")])
+        w = weights[tensor_name(prefix, "weight")]
+        if with_inputs:
+            q, scale = quantize_per_row(w, (calibration or {}).get(prefix))
+        else:
+            q, scale = quantize_per_row(w)
         out[tensor_name(prefix, "weight")], out[tensor_name(prefix, "weight_scale")] = q, scale
         if static_inputs:
             if not calibration or prefix not in calibration:

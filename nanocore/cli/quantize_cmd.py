@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--calib-samples", type=int, default=32, help="calibration sequences (default 32)")
     p.add_argument("--calib-seqlen", type=int, default=512, help="tokens per calibration sequence (default 512)")
     p.add_argument("--group-size", type=int, help="group size for group-wise methods (awq: 128, or 64 if K is not a multiple)")
+    p.add_argument("--fp8-scale", choices=("search", "absmax"),
+                   help="fp8 methods: per-channel scale by error search (default; with --calib-text activation-weighted "
+                        "and GPTQ rounding) or plain absmax / 448")
     p.add_argument("--ignore", action="append", default=[], help="layer name / glob / 're:' regex to keep unquantized")
     p.set_defaults(func=run)
 
@@ -52,6 +55,8 @@ def run(args) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
         extra = {} if args.group_size is None else {"group_size": args.group_size}
+        if getattr(args, "fp8_scale", None) is not None:
+            extra["fp8_scale"] = args.fp8_scale
         quant_config = write_quantized(src, tmp, method, calibration, args.ignore, extra)
         config["quantization_config"] = quant_config
         (tmp / "config.json").write_text(json.dumps(config, indent=2))

@@ -15,11 +15,12 @@ from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, add_param, check_all_loaded, check_dtype,
                                   config_option, mark_loaded, quantize_checkpoint_linears, quantize_fp8,
-                                  quantize_fp8_per_row)
+                                  quantize_fp8_per_row, quantize_fp8_weight)
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
 
 _OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+FP8_SCALE_METHODS = ("search", "absmax")
 
 
 class _Fp8Base(LinearMethod):
@@ -85,9 +86,15 @@ class _Fp8Base(LinearMethod):
         return usable
 
     @classmethod
-    def _quantize(cls, weights, calibration, scheme: str):
-        out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_fp8_per_row,
-                                          FP8_MAX)
+    def _quantize(cls, weights, calibration, scheme: str, fp8_scale: str = "search"):
+        """Per-channel fp8 weights; ``fp8_scale``: ``search`` (default) or ``absmax`` (see ``quantize_fp8_weight``)."""
+        if fp8_scale not in FP8_SCALE_METHODS:
+            raise ValueError(f"{cls.name}: fp8_scale must be one of {FP8_SCALE_METHODS}, got {fp8_scale!r}")
+
+        def quantize_weight(w, x):
+            return quantize_fp8_weight(w, x, fp8_scale)
+        out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_weight,
+                                          FP8_MAX, with_inputs=True)
         return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
 
 
@@ -108,8 +115,8 @@ class Fp8W8A16LinearMethod(_Fp8Base):
         return fp8_linear_torch(x, layer.weight, layer.weight_scale, bias)
 
     @classmethod
-    def quantize(cls, weights, calibration=None):
-        return cls._quantize(weights, calibration, "dynamic")
+    def quantize(cls, weights, calibration=None, fp8_scale: str = "search"):
+        return cls._quantize(weights, calibration, "dynamic", fp8_scale)
 
 
 class Fp8W8A8LinearMethod(_Fp8Base):
@@ -143,6 +150,6 @@ class Fp8W8A8LinearMethod(_Fp8Base):
         return y.reshape(*lead, -1)
 
     @classmethod
-    def quantize(cls, weights, calibration=None):
+    def quantize(cls, weights, calibration=None, fp8_scale: str = "search"):
         scheme = "static" if calibration else "dynamic"
-        return cls._quantize(weights, calibration, scheme)
+        return cls._quantize(weights, calibration, scheme, fp8_scale)

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from nanocore.distributed import ParallelContext
 from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanocore.quant_utils import CheckpointFormatError
+from nanocore.quant_utils import CheckpointFormatError, quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight
 from nanocore_fp8 import Fp8W8A8LinearMethod, Fp8W8A16LinearMethod
 
 METHODS = [Fp8W8A16LinearMethod, Fp8W8A8LinearMethod]
@@ -123,3 +123,47 @@ def test_quantize_keeps_embeddings_norms_and_lm_head():
         assert tensors[name] is weights[name]
     with pytest.raises(ValueError, match="calibration"):
         Fp8W8A8LinearMethod._quantize(weights, None, "static")
+
+
+def _correlated_inputs(rows, k, seed=0):
+    """Activations with uneven channel scales and correlated channels, like a transformer's."""
+    g = torch.Generator().manual_seed(seed)
+    mix = torch.randn(k, k, generator=g) / k ** 0.5 + torch.eye(k)
+    return (torch.randn(rows, k, generator=g) @ mix) * torch.rand(k, generator=g).add(0.1) * 4
+
+
+def test_scale_search_beats_absmax_and_absmax_is_the_plain_cast():
+    torch.manual_seed(0)
+    w = torch.randn(64, 96) * torch.rand(64, 1)
+    q_abs, s_abs = quantize_fp8_weight(w, scale_method="absmax")
+    q_ref, s_ref = quantize_fp8_per_row(w)
+    assert torch.equal(q_abs.view(torch.uint8), q_ref.view(torch.uint8)) and torch.equal(s_abs, s_ref)
+    q, s = quantize_fp8_weight(w)  # default: search
+    assert q.dtype == torch.float8_e4m3fn and s.dtype == torch.float32 and s.shape == (64, 1)
+    row_err = lambda q, s: ((q.float() * s - w) ** 2).sum(1)  # noqa: E731
+    assert (row_err(q, s) <= row_err(q_abs, s_abs) + 1e-12).all()
+    assert row_err(q, s).sum() < 0.9 * row_err(q_abs, s_abs).sum()
+    # fp8 values are a plain cast of w / scale: round to nearest, in range
+    assert torch.equal(q.view(torch.uint8), (w / s).clamp(-448, 448).to(torch.float8_e4m3fn).view(torch.uint8))
+
+
+def test_calibrated_quantization_lowers_the_output_error():
+    torch.manual_seed(1)
+    w, x = torch.randn(48, 128) / 8, _correlated_inputs(512, 128)
+    q_rtn, s_rtn = quantize_fp8_weight(w, scale_method="absmax")
+    q, s = quantize_fp8_weight(w, x)
+    out_err = lambda q, s: float((x @ (q.float() * s - w).t()).norm() / (x @ w.t()).norm())  # noqa: E731
+    assert out_err(q, s) < 0.8 * out_err(q_rtn, s_rtn)
+    # the same scale, round to nearest: GPTQ moved values only to lower the output error
+    assert out_err(q, s) < out_err(quantize_fp8(w, s), s)
+
+
+@pytest.mark.parametrize("cls", METHODS)
+def test_quantize_with_calibration_keeps_the_standard_format(cls):
+    w, x = torch.randn(16, 32), _correlated_inputs(64, 32)
+    tensors, config = cls.quantize({"layer.weight": w}, {"layer": x})
+    assert config["activation_scheme"] == ("dynamic" if cls is Fp8W8A16LinearMethod else "static")
+    assert tensors["layer.weight"].dtype == torch.float8_e4m3fn and tensors["layer.weight"].shape == (16, 32)
+    assert tensors["layer.weight_scale"].dtype == torch.float32 and tensors["layer.weight_scale"].shape == (16, 1)
+    with pytest.raises(ValueError, match="fp8_scale must be one of"):
+        cls.quantize({"layer.weight": w}, None, fp8_scale="mse")
