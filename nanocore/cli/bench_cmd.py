@@ -115,3 +115,7 @@ def register(subparsers) -> None:
     from nanocore.bench import moe as moe_bench  # a kernel microbench: no engine, its own flags
     moe_bench.add_arguments(sub.add_parser("moe", help="MoE executors on random routed tokens: fused vs eager"))
     sub.choices["moe"].set_defaults(func=moe_bench.run_from_args)
+    from nanocore.bench import linear as linear_bench  # a kernel microbench: every linear method vs unquantized
+    linear_bench.add_arguments(sub.add_parser("linear", help="linear methods on one decoder layer's shapes vs "
+                                                             "unquantized, over M tokens"))
+    sub.choices["linear"].set_defaults(func=linear_bench.run_from_args)
