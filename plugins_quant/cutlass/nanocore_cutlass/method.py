@@ -1,0 +1,160 @@
+"""``cutlass``: FP8 W8A8 linear on a CUTLASS 3.x sm_90a kernel (per-token x per-channel scales in the epilogue).
+
+Loads the checkpoints ``fp8_w8a8`` loads (``quantization_config = {"quant_method": "fp8", "activation_scheme":
+"dynamic" | "static"}``): ``<prefix>.weight`` fp8 e4m3 ``[N, K]``, ``<prefix>.weight_scale`` float ``[N, 1]``
+or a per-tensor scalar (spread over its merged shard), and with static activations a scalar
+``<prefix>.input_scale`` (the largest over merged shards). On CUDA the GEMM is the compiled CUTLASS kernel,
+never anything else; on CPU the method runs its torch twin (``nanocore_cutlass.twin``).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from nanocore.interfaces import LinearMethod, check_options
+from nanocore.kernels.quant_gemm import gemm_input_rows
+from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, add_param, check_all_loaded, check_dtype,
+                                  config_option, mark_loaded, quantize_checkpoint_linears, quantize_fp8_per_row)
+from nanocore_cutlass import build
+from nanocore_cutlass.twin import fp8_linear_twin
+
+_OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
+_SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+#: TMA needs 16-byte aligned rows: K % 16 for fp8 operands, N % 8 for the 16-bit output; weights are padded once.
+K_ALIGN, N_ALIGN = 16, 8
+_WHAT = "cutlass (CUTLASS sm_90a FP8 kernel)"
+
+
+class CutlassFp8LinearMethod(LinearMethod):
+    """fp8 e4m3 weights per output channel x fp8 activations (dynamic per token or static per tensor)."""
+
+    tolerance = (0.07, 0.07)  # as fp8_w8a8: weights and activations each round to 1/16 of their scale
+    checkpoint_priority = -1  # loads fp8 checkpoints when named; "auto" keeps fp8_w8a16 / fp8_w8a8
+
+    def __init__(self, options: dict[str, Any] | None = None):
+        super().__init__(options)
+        check_options(self.name, self.options, _OPTIONS)
+        self.kernel = self.options.get("kernel", "auto")
+        if self.kernel not in ("auto", "cutlass", "torch"):
+            raise ValueError(f"{self.name}: option kernel must be 'auto', 'cutlass' or 'torch', got {self.kernel!r}")
+        self.activation_scheme = config_option(self.options, "activation_scheme", "dynamic")
+        if self.activation_scheme not in ("dynamic", "static"):
+            raise ValueError(f"{self.name}: activation_scheme must be 'dynamic' or 'static', "
+                             f"got {self.activation_scheme!r}")
+        if config_option(self.options, "weight_block_size", None):
+            raise CheckpointFormatError(f"{self.name}: block-wise fp8 checkpoints (weight_block_size) are not "
+                                        f"supported; use a per-channel or per-tensor fp8 checkpoint")
+        self._extension = None
+
+    @classmethod
+    def supports(cls, device: torch.device) -> str | None:
+        if device.type == "cpu":
+            return None  # the torch twin: same quantization and scale order, float GEMM
+        if device.type != "cuda":
+            return f"{_WHAT} runs on NVIDIA GPUs (or its torch twin on CPU), not {device.type}"
+        if not torch.cuda.is_available():
+            return f"{_WHAT} needs CUDA, which is not available in this torch build or machine"
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) != (9, 0):
+            return (f"{_WHAT} is built for sm_90a (Hopper: H100/H200) only, this GPU has capability {major}.{minor}; "
+                    f"use linear_method='fp8_w8a8' (torch._scaled_mm) or 'fp8_w8a16'")
+        return build.toolchain_reason() or build.cached_failure()
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
+                       output_size, params_dtype, weight_loader):
+        self.input_size = input_size_per_partition
+        self.output_size = sum(output_partition_sizes)
+        self.partition_sizes = list(output_partition_sizes)
+        self.per_tensor_scales: dict[int, float] = {}
+        add_param(layer, "weight", (self.output_size, input_size_per_partition), FP8_DTYPE, weight_loader,
+                  self.name, full_input=input_size, output_dim=0, input_dim=1)
+        scale = add_param(layer, "weight_scale", (self.output_size, 1), torch.float32, weight_loader, self.name,
+                          output_dim=0)
+        scale.weight_loader = self._scale_loader(layer, scale.weight_loader)
+        if self.activation_scheme == "static":
+            add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
+
+    def _scale_loader(self, layer, loader):
+        def load(param, loaded, *args, **kwargs):
+            check_dtype(loaded, param.dtype, "weight_scale", self.name)
+            if loaded.numel() == 1:  # a per-tensor scale: spread over this shard's rows after loading
+                shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
+                index = 0 if shard_id is None else _SHARD_INDEX.get(shard_id, shard_id)
+                self.per_tensor_scales[int(index)] = float(loaded)
+                mark_loaded(layer, "weight_scale")
+                return None
+            return loader(param, loaded.reshape(-1, 1), *args, **kwargs)
+        return load
+
+    def process_weights_after_loading(self, layer):
+        names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
+        check_all_loaded(layer, names, self.name)
+        if self.per_tensor_scales:
+            rows = torch.tensor(self.partition_sizes)
+            values = torch.tensor([self.per_tensor_scales.get(i, 1.0) for i in range(len(rows))])
+            layer.weight_scale.data.copy_(values.repeat_interleave(rows).view(-1, 1))
+        if self._uses_cutlass(layer.weight.device):
+            self._extension = build.load_extension()  # compile now, never inside a forward or a CUDA-graph capture
+            _pad_for_tma(layer)
+
+    def _uses_cutlass(self, device: torch.device) -> bool:
+        if self.kernel == "torch" or (device.type == "cpu" and self.kernel == "auto"):
+            return False
+        reason = self.supports(device) if device.type == "cuda" else f"kernel='cutlass' needs an sm_90 GPU, not {device}"
+        if reason:
+            raise RuntimeError(f"{self.name}: {reason}" + ("; kernel='torch' runs the twin (slow, for checking)"
+                                                           if device.type == "cuda" else ""))
+        return True
+
+    def apply(self, layer, x, bias=None):
+        x2, lead = gemm_input_rows(x, self.input_size, f"{self.name} layer")
+        input_scale = layer.input_scale if self.activation_scheme == "static" else None
+        if self._extension is not None and x.is_cuda:
+            y = self._cutlass_gemm(layer, x2, input_scale)
+        elif x.is_cuda and self.kernel != "torch":
+            raise RuntimeError(f"{self.name}: the layer's weights were loaded on {layer.weight.device}, not CUDA; "
+                               f"load the model on the GPU (process_weights_after_loading compiles the kernel)")
+        else:
+            weight = layer.weight[: self.output_size, : self.input_size]
+            y = fp8_linear_twin(x2, weight, layer.weight_scale[: self.output_size], input_scale)
+        if bias is not None:
+            y = y + bias
+        return y.reshape(*lead, self.output_size)
+
+    def _cutlass_gemm(self, layer, x2, input_scale):
+        xq, x_scale = self._extension.quantize_fp8_rows(x2, layer.weight.shape[1], input_scale)
+        out_dtype = x2.dtype if x2.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
+        y = self._extension.fp8_scaled_mm(xq, layer.weight, x_scale.view(-1), layer.weight_scale.view(-1), out_dtype)
+        return y[:, : self.output_size].to(x2.dtype)
+
+    @classmethod
+    def quantize(cls, weights, calibration=None, **options):
+        """Plain absmax fp8 checkpoints; ``nanocore quantize --method fp8_w8a8`` writes the same format with its
+        scale search, and ``cutlass`` loads those too."""
+        if options:
+            raise ValueError(f"{cls.name} quantize takes no options (got {sorted(options)}); for fp8 scale search make "
+                             f"the checkpoint with --method fp8_w8a8 (same format) and load it with 'cutlass'")
+        scheme = "static" if calibration else "dynamic"
+        out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_fp8_per_row,
+                                          FP8_MAX)
+        return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
+
+
+def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
+    """Static input scales of merged q/k/v or gate/up shards: keep the largest (one scale per input)."""
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
+
+
+def _pad_for_tma(layer: torch.nn.Module) -> None:
+    """Zero-pad ``weight`` to K % 16 and N % 8 (and ``weight_scale`` rows to match); the output is sliced back."""
+    n, k = layer.weight.shape
+    pad_n, pad_k = -n % N_ALIGN, -k % K_ALIGN
+    if pad_n or pad_k:
+        weight = torch.zeros(n + pad_n, k + pad_k, dtype=layer.weight.dtype, device=layer.weight.device)
+        weight[:n, :k] = layer.weight.data
+        layer.weight.data = weight
+        scale = torch.ones(n + pad_n, 1, dtype=torch.float32, device=layer.weight.device)
+        scale[:n] = layer.weight_scale.data
+        layer.weight_scale.data = scale
+    layer.weight_scale.data = layer.weight_scale.data.float().contiguous()

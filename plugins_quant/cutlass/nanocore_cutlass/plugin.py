@@ -1,0 +1,8 @@
+"""Entry point of nanocore-cutlass: registers ``cutlass``."""
+from nanocore import hookimpl
+from nanocore_cutlass.method import CutlassFp8LinearMethod
+
+
+@hookimpl
+def nanocore_linear_methods():
+    return {"cutlass": CutlassFp8LinearMethod}
