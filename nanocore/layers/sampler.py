@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from nanocore.kernels import sampling as sampling_kernels
+
 
 @dataclass
 class SamplingTensors:
@@ -81,7 +83,13 @@ class Sampler(nn.Module):
         super().__init__()
         self.generator = generator  # shared RNG of unseeded rows (seeded from the engine config)
 
+    #: the one-pass Triton kernel for plain temperature / greedy batches on CUDA (False: always the torch path)
+    use_fused_kernel = True
+
     def forward(self, logits: torch.Tensor, params: SamplingTensors) -> SamplerOutput:
+        if self._fused_applies(logits, params):
+            seed = torch.randint(0, 2**62, (1,), generator=self.generator, device=logits.device)
+            return SamplerOutput(sampling_kernels.gumbel_argmax(logits, params.temperatures, seed))
         logits = logits.float()
         if params.banned is not None:
             logits = logits.index_put(params.banned, torch.tensor(float("-inf"), device=logits.device))
@@ -102,6 +110,15 @@ class Sampler(nn.Module):
         if params.max_num_logprobs is None:
             return SamplerOutput(token_ids)
         return self._logprobs(processed, token_ids, params.max_num_logprobs)
+
+    def _fused_applies(self, logits: torch.Tensor, params: SamplingTensors) -> bool:
+        """Only batches the kernel samples exactly: no filters, bans, logprobs or per-request seeds."""
+        if not (self.use_fused_kernel and logits.is_cuda and sampling_kernels.triton is not None):
+            return False
+        if params.top_k is not None or params.top_p is not None or params.min_p is not None:
+            return False
+        seeded = params.seeded_rows if params.seeded_rows is not None else [g for g in params.generators if g is not None]
+        return params.banned is None and params.max_num_logprobs is None and not seeded
 
     @staticmethod
     def _logprobs(processed: torch.Tensor, token_ids: torch.Tensor, num: int) -> SamplerOutput:
