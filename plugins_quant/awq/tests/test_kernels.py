@@ -48,3 +48,22 @@ def test_triton_bf16_on_cuda(m):
     expected = awq_linear_torch(x.float(), packed["qweight"], packed["qzeros"], packed["scales"].float())
     got = awq_linear_triton(x, **packed).float()
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
+
+
+@pytest.mark.cuda
+def test_every_tuned_variant_on_cuda():
+    from nanocore_awq.kernels import awq_linear_triton
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    import tune_linear_gpu as tune
+    torch.manual_seed(0)
+    packed = {k: v.cuda() for k, v in awq_pack(torch.randn(512, 1024), 128, torch.bfloat16).items()}
+    bias = torch.randn(512, device="cuda", dtype=torch.bfloat16)
+    larger = tune.AWQ_M16 + tune.TILED_M16 + tune.TILED
+    for m, configs in [(1, tune.AWQ_M1), (5, larger), (16, larger), (100, larger)]:
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        expected = awq_linear_torch(x.float(), packed["qweight"], packed["qzeros"], packed["scales"].float(),
+                                    bias.float())
+        for cfg in configs:
+            for _ in range(2):  # split-K counters must be back at zero for the second call
+                got = awq_linear_triton(x, **packed, bias=bias, config=cfg).float()
+            assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2, (m, cfg)

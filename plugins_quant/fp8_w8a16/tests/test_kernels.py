@@ -1,7 +1,16 @@
-"""The fp8 torch twin; the Triton kernels themselves are tested in the core (tests/test_quant_gemm.py)."""
+"""The fp8 torch twin; the core's quant_gemm variants (split-K, tiled, int8 x int8) in the interpreter and on CUDA.
+
+The default configs are also tested in the core (tests/test_quant_gemm.py).
+"""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
-from nanocore.quant_utils import FP8_MAX, quantize_fp8_per_row
+from nanocore.quant_utils import FP8_MAX, quantize_fp8_per_row, quantize_int8_per_row
 from nanocore_fp8.kernels import fp8_linear_torch
 
 
@@ -12,3 +21,68 @@ def test_torch_twin_is_dequantize_then_linear():
     expected = x @ (q.float() * scale).t()
     torch.testing.assert_close(fp8_linear_torch(x, q, scale), expected, rtol=1e-5, atol=1e-5)
     assert float(q.float().abs().max()) == FP8_MAX  # each row's largest weight uses the full e4m3 range
+
+
+def test_kernel_variants_match_twin_in_triton_interpreter():
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    script = Path(__file__).with_name("interp_variants.py")
+    done = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def _tune_configs():
+    sys.path.insert(0, str(Path(__file__).parents[2]))
+    import tune_linear_gpu as tune
+    return tune.SPLITK_M1, tune.SPLITK_M16 + tune.TILED_M16 + tune.TILED
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
+@pytest.mark.parametrize("native", [True, False])
+def test_every_tuned_variant_on_cuda(quantize, native):
+    from nanocore.kernels.quant_gemm import weight_only_linear, weight_only_linear_torch
+    import dataclasses
+    torch.manual_seed(0)
+    q, scale = quantize(torch.randn(384, 1024, device="cuda"))
+    bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
+    m1, larger = _tune_configs()
+    for m, configs in [(1, m1), (5, larger), (16, larger), (100, larger)]:
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        expected = weight_only_linear_torch(x.float(), q, scale, bias.float())
+        for cfg in configs:
+            cfg = dataclasses.replace(cfg, fp8_native=native)
+            for _ in range(2):  # split-K counters must be back at zero for the second call
+                got = weight_only_linear(x, q, scale, bias, cfg).float()
+            err = float((got - expected).abs().max() / expected.abs().max())
+            assert err < 1e-2, (m, cfg, err)
+
+
+@pytest.mark.cuda
+def test_int8_x_int8_on_cuda():
+    from nanocore.kernels.quant_gemm import int8_scaled_linear
+    _, configs = _tune_configs()
+    w, ws = quantize_int8_per_row(torch.randn(256, 512, device="cuda"))
+    for m in (17, 300):
+        xq, xs = quantize_int8_per_row(torch.randn(m, 512, device="cuda"))
+        expected = (xq.double() @ w.double().t()).float() * xs * ws.view(1, -1)
+        for cfg in [None] + [c for c in configs if c.kind == "tiled"]:
+            got = int8_scaled_linear(xq, xs, w, ws, None, torch.bfloat16, cfg).float()
+            assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2, cfg
+
+
+@pytest.mark.cuda
+def test_split_k_decode_replays_in_a_cuda_graph():
+    from nanocore.kernels.quant_gemm import GemmConfig, weight_only_linear, weight_only_linear_torch
+    q, scale = quantize_fp8_per_row(torch.randn(512, 2048, device="cuda"))
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    cfg = GemmConfig("splitk", 1, 32, 256, split_k=4)
+    weight_only_linear(x, q, scale, None, cfg)  # eager first: allocates the split-K counters
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = weight_only_linear(x, q, scale, None, cfg)
+    for _ in range(3):
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        expected = weight_only_linear_torch(x.float(), q, scale)
+        assert float((y.float() - expected).abs().max() / expected.abs().max()) < 1e-2
