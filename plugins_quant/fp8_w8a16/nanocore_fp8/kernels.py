@@ -6,7 +6,7 @@ from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight
 
 #: The torch twin: dequantize the fp8 weight, then ``F.linear``.
 fp8_linear_torch = weight_only_linear_torch
-#: ``x [..., K]`` times fp8 ``weight [N, K]`` with per-channel ``scale``: split-K GEMV for M <= DECODE_MAX_M, tiled GEMM above.
+#: ``x [..., K]`` times fp8 ``weight [N, K]`` with per-channel ``scale``: split-K GEMV for small M, else tiled.
 fp8_linear_triton = weight_only_linear
 
 __all__ = ["DECODE_MAX_M", "fp8_linear_torch", "fp8_linear_triton"]

@@ -7,7 +7,8 @@ import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 from nanocore.kernels import quant_gemm  # noqa: E402
-from nanocore.kernels.quant_gemm import GemmConfig, int8_scaled_linear, weight_only_linear, weight_only_linear_torch  # noqa: E402
+from nanocore.kernels.quant_gemm import (GemmConfig, int8_scaled_linear, weight_only_linear,  # noqa: E402
+                                         weight_only_linear_torch)
 from nanocore.quant_utils import quantize_fp8_per_row, quantize_int8_per_row  # noqa: E402
 
 CONFIGS = [GemmConfig("splitk", 1, 16, 32, 3), GemmConfig("splitk", 2, 8, 64, 2), GemmConfig("splitk", 16, 16, 32, 4),
