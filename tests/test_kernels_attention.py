@@ -153,7 +153,7 @@ QUANT_LAYOUTS = {
     "k_int8_v_fp8": KVLayout(I8, F8, "group", "token_head", group_size=32, scale_dtype=torch.float16),
     "fp8_noscale": KVLayout(F8, F8),
 }
-QUANT_PATHS = ["dequant", "fold", "fold_kdeq"]
+QUANT_PATHS = ["dequant", "fold", "fold_kdeq", "fp16", "fp16_vw"]
 
 
 @pytest.mark.parametrize("path", QUANT_PATHS)

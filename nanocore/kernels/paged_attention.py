@@ -11,6 +11,7 @@ contexts, the KV range is split over a third grid axis and a reduction kernel me
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +19,7 @@ import triton
 import triton.language as tl
 
 from nanocore.interfaces import KVCache, KVLayout
+from nanocore.kernels.narrow_attention import FP8_BITS_UNIT, narrow_pv, narrow_scores
 
 #: Scale granularity -> constexpr code used by the kernels.
 SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
@@ -26,7 +28,11 @@ SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 #: "fold": per-(token, head) scales go on the score / probability columns, a group-scaled K is read as
 #: head_dim / group column slices, one dot each, scaled per score column (groups of 16+ elements, a power
 #: of two; others fall back to "dequant" for K); "fold_kdeq": "fold" but a group-scaled K is dequantized.
-QUANT_PATHS = ("dequant", "fold", "fold_kdeq")
+#: "fp16" / "fp16_hwcvt": one-byte K and V are converted to fp16 with bit tricks (fp8 by the hardware's
+#: e4m3x2 -> f16x2 instruction with "_hwcvt") and both dots run in fp16, scales folded
+#: (``narrow_attention``); layouts it does not cover (wider elements, fp32 queries, groups under 16) use "fold".
+#: "_vw": V is read as int32 words and converted in registers before it reaches shared memory.
+QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw")
 DEFAULT_QUANT_PATH = "fold"
 #: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. H200,
 #: 64 x 4K decode, "fold": int8 / fp8 token-head 128/4/2 0.243 / 0.290 ms (64/4/2: 0.385 / 0.435 ms);
@@ -93,12 +99,16 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
                  K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
                  K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, MASKED: tl.constexpr,
                  HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 FOLD: tl.constexpr, K_SPLIT: tl.constexpr):
+                 FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
+                 K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
+                 KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_PAIR: tl.constexpr, VS_PAIR: tl.constexpr,
+                 KS_NUM_PAD: tl.constexpr, V_WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """One online-softmax step (fp32 statistics) over KV positions ``tile*BLOCK_N ...``.
 
     ``FOLD``: per-(token, head) scales are applied outside the dots (K's to the score columns, V's to
     the probability columns), so the narrow tile is only converted. ``K_SPLIT``: a group-scaled K is
     read as ``HEAD_DIM / K_GROUP`` column slices, one dot each, scaled per score column and summed.
+    ``NARROW``: one-byte K/V in fp16 (``narrow_attention``); ``q`` is then pre-scaled fp16.
     """
     k_pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_ok = k_pos < seq_len
@@ -110,7 +120,11 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
         slot = blk.to(tl.int64) * PAGE_SIZE + k_pos % PAGE_SIZE
     else:
         slot = (q_start + k_pos).to(tl.int64)
-    if K_SPLIT:  # S = sum_g (q[:, g] . K[:, g]^T) * ks[token, g]; the q slices are re-read (L1-resident)
+    if NARROW:
+        s = narrow_scores(q, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_ptr, ks_ptr, stride_kt,
+                          stride_kh, BLOCK_M, BLOCK_N, K_SCALE, K_GROUP, K_INT8, K_UNIT, KS_ROW, KS_PAIR,
+                          KS_NUM_PAD, MASKED, HEAD_DIM, D_MASKED, CVT)
+    elif K_SPLIT:  # S = sum_g (q[:, g] . K[:, g]^T) * ks[token, g]; the q slices are re-read (L1-resident)
         s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         e = tl.arange(0, K_GROUP)
         for g in tl.static_range(HEAD_DIM // K_GROUP):
@@ -135,7 +149,10 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(s - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    if FOLD and V_SCALE == 1:  # acc += (P * vs[token]) . V
+    if NARROW:
+        pv = narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh, V_SCALE, V_INT8, V_UNIT,
+                       VS_ROW, VS_PAIR, MASKED, HEAD_DIM, D_MASKED, CVT, V_WORDS, BLOCK_N, HEAD_DIM_PAD)
+    elif FOLD and V_SCALE == 1:  # acc += (P * vs[token]) . V
         v = _load_raw(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
         vsc = _row_scale(vs_ptr, slot, kvh, vs_stride_t, vs_stride_h, kv_ok, MASKED)
         pv = tl.dot((p * vsc[None, :]).to(q.dtype), v, input_precision=DOT_PRECISION)
@@ -158,7 +175,10 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
     PAGED: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
     K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FOLD: tl.constexpr, K_SPLIT: tl.constexpr,
+    FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
+    K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
+    KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_PAIR: tl.constexpr, VS_PAIR: tl.constexpr,
+    KS_NUM_PAD: tl.constexpr, V_WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -183,6 +203,8 @@ def paged_attention_kernel(
     q = tl.load(q_ptr + q_off[:, None] + d[None, :],
                 mask=row_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
     q_pos = ctx_len + tok
+    if NARROW:  # fp16 dots: fold the softmax scale into q once
+        q = (q.to(tl.float32) * scale_log2).to(tl.float16)
 
     first_pos = ctx_len + q_tile * BLOCK_Q  # position of the tile's first query
     kv_end = tl.minimum(seq_len, first_pos + BLOCK_Q)
@@ -202,14 +224,16 @@ def paged_attention_kernel(
             k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
-            K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT)
+            K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT,
+            NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_PAIR, VS_PAIR, KS_NUM_PAD, V_WORDS, HEAD_DIM_PAD)
     for tile in range(t_full, t_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_start, seq_len, kvh, d,
             k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
-            K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT)
+            K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT,
+            NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_PAIR, VS_PAIR, KS_NUM_PAD, V_WORDS, HEAD_DIM_PAD)
 
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     if SPLIT:  # partials: unnormalised acc, running max and sum, merged by _merge_splits_kernel
@@ -313,6 +337,35 @@ def _quant_flags(path: str, codes: tuple[int, int], k_group: int) -> tuple[bool,
     return fold, k_split
 
 
+_NARROW_DTYPES = (torch.int8, torch.float8_e4m3fn)
+
+
+def _narrow_args(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int, int], k_group: int,
+                 head_dim: int) -> dict:
+    """Constexprs of the fp16 path (``NARROW`` False where ``path`` or the layout does not allow it)."""
+    off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
+               KS_PAIR=False, VS_PAIR=False, KS_NUM_PAD=1, V_WORDS=False)
+    k_groups = head_dim // k_group if codes[0] == 2 else 1
+    ok = (path.startswith("fp16") and q.dtype in (torch.float16, torch.bfloat16)
+          and k.dtype in _NARROW_DTYPES and v.dtype in _NARROW_DTYPES and codes[1] in (0, 1)
+          and (codes[0] in (0, 1) or (k_group >= 16 and k_group & (k_group - 1) == 0 and head_dim % k_group == 0)))
+    # scales are read as contiguous rows of [slot, head, group]
+    for code, sc, groups in ((codes[0], ks, k_groups), (codes[1], vs, 1)):
+        ok = ok and (code == 0 or (sc.stride(-1) == 1 and sc.stride(1) == groups and sc.stride(0) == sc.shape[1] * groups))
+    if not ok:
+        return off
+    interpret = os.environ.get("TRITON_INTERPRET") == "1" or not q.is_cuda
+    cvt = 0 if interpret else (2 if "hwcvt" in path else 1)
+    unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
+    ks_row = ks.stride(0) if codes[0] else 0
+    vs_row = vs.stride(0) if codes[1] else 0
+    return dict(NARROW=True, CVT=cvt, K_INT8=k.dtype == torch.int8, V_INT8=v.dtype == torch.int8,
+                K_UNIT=unit[k.dtype], V_UNIT=unit[v.dtype], KS_ROW=ks_row, VS_ROW=vs_row,
+                KS_PAIR=codes[0] == 1 and ks_row % 2 == 0 and ks.element_size() == 2,
+                VS_PAIR=codes[1] == 1 and vs_row % 2 == 0 and vs.element_size() == 2,
+                KS_NUM_PAD=triton.next_power_of_2(k_groups), V_WORDS=path.endswith("_vw") and head_dim % 4 == 0)
+
+
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache | None,
                     meta, scale: float, layout: KVLayout | None = None,
                     config: AttentionConfig | None = None) -> torch.Tensor:
@@ -329,7 +382,10 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
     kv_itemsize = max(k.element_size(), v.element_size())
     cfg = config or default_config(meta.max_query_len, group, head_dim, kv_itemsize,
                                    k_grouped=codes[0] == SCALE_CODES["group"])
-    fold, k_split = _quant_flags(cfg.quant_path or DEFAULT_QUANT_PATH, codes, groups[0])
+    path = cfg.quant_path or DEFAULT_QUANT_PATH
+    narrow = _narrow_args(path, q, k, v, ks, vs, codes, groups[0], head_dim)
+    v_arg = v.view(torch.int32) if narrow["V_WORDS"] else v  # strides below are then in words
+    fold, k_split = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
@@ -351,14 +407,14 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
     stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0
     grid = (num_seqs * num_q_tiles, num_kv_heads, splits)
     paged_attention_kernel[grid](
-        q, k, v, ks, vs, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
+        q, k, v_arg, ks, vs, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
         scale * LOG2E, num_q_tiles, splits, num_q_heads,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
         ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), out.stride(0), out.stride(1), stride_bt,
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, K_SCALE=codes[0], V_SCALE=codes[1],
         K_GROUP=groups[0], V_GROUP=groups[1], SPLIT=splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:

@@ -1,0 +1,249 @@
+"""The fp16 decode step of paged attention over one-byte (int8 / fp8 e4m3) K/V caches.
+
+Why fp16: every int8 and every e4m3 value is exact in fp16, and both convert to fp16 with a few full-rate
+integer instructions (``CVT`` 1), where converting to bf16 goes through conversion units that run at a
+sixteenth of the FMA rate (on sm_90 that conversion, not HBM, bounded the bf16-compute quantized decode).
+The query is pre-scaled by ``softmax scale * log2(e)`` and rounded to fp16 once; the score dot and the
+probability . V dot accumulate in fp32. Per-(token, head) scales are folded into the score columns (K) and
+into the probability columns (V); the latter are divided by the tile's largest V scale first, so the fp16
+probabilities stay in [0, 1] whatever the scale's range. ``CVT`` 0 is plain ``.to(fp16)`` (the interpreter,
+and the reference for the bit tricks); 2 converts fp8 with the hardware's e4m3x2 -> f16x2 instruction.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+#: fp8 values come out of the ``CVT`` 1 bit trick divided by this (e4m3 bias 7 vs fp16 bias 15).
+FP8_BITS_UNIT = 256.0
+
+
+@triton.jit
+def _int8_to_f16_bits(x):
+    """int8 -> fp16 exactly: ``x + 128`` becomes the low byte of fp16 ``1024 + (x + 128)``, minus 1152."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 u, c;
+        xor.b32 u, $2, 0x80808080;
+        prmt.b32 $0, u, 0x64646464, 0x4140;
+        prmt.b32 $1, u, 0x64646464, 0x4342;
+        mov.b32 c, 0x64806480;
+        sub.f16x2 $0, $0, c;
+        sub.f16x2 $1, $1, c;
+        }
+        """,
+        constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def _fp8_to_f16_bits(x):
+    """e4m3 bits (as int8) -> fp16 holding value / 256: sign to bit 15, exponent and mantissa shifted by 7."""
+    return tl.inline_asm_elementwise(
+        asm="""
+        {
+        .reg .b32 w0, w1, t0, t1;
+        prmt.b32 w0, $2, 0, 0x1404;
+        prmt.b32 w1, $2, 0, 0x3424;
+        shr.b32 t0, w0, 1;
+        shr.b32 t1, w1, 1;
+        and.b32 t0, t0, 0x3F803F80;
+        and.b32 t1, t1, 0x3F803F80;
+        lop3.b32 $0, w0, 0x80008000, t0, 0xEA;
+        lop3.b32 $1, w1, 0x80008000, t1, 0xEA;
+        }
+        """,
+        constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def narrow_to_f16(x, IS_INT8: tl.constexpr, CVT: tl.constexpr):
+    """One-byte tile -> fp16. ``CVT`` 1 returns fp8 values divided by ``FP8_BITS_UNIT`` (callers fold it)."""
+    if CVT == 0:
+        y = x.to(tl.float16)
+    elif IS_INT8:
+        y = _int8_to_f16_bits(x)
+    elif CVT == 1:
+        y = _fp8_to_f16_bits(x.to(tl.int8, bitcast=True))
+    else:
+        y = x.to(tl.float16)
+    return y
+
+
+@triton.jit
+def _words_to_f16(w, IS_INT8: tl.constexpr, CVT: tl.constexpr):
+    """int32 words of 4 one-byte values -> 4 fp16 tensors (bytes 0..3), same conversions as ``narrow_to_f16``."""
+    if CVT == 0 and IS_INT8:  # arithmetic shifts sign-extend each byte
+        b0 = ((w << 24) >> 24).to(tl.float16)
+        b1 = ((w << 16) >> 24).to(tl.float16)
+        b2 = ((w << 8) >> 24).to(tl.float16)
+        b3 = (w >> 24).to(tl.float16)
+    elif CVT == 0:
+        b0 = (w & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b1 = ((w >> 8) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b2 = ((w >> 16) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+        b3 = ((w >> 24) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
+    elif IS_INT8:
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 u, lo, hi, c;
+            xor.b32 u, $4, 0x80808080;
+            prmt.b32 lo, u, 0x64646464, 0x4140;
+            prmt.b32 hi, u, 0x64646464, 0x4342;
+            mov.b32 c, 0x64806480;
+            sub.f16x2 lo, lo, c;
+            sub.f16x2 hi, hi, c;
+            mov.b32 {$0, $1}, lo;
+            mov.b32 {$2, $3}, hi;
+            }
+            """,
+            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+    elif CVT == 1:
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b32 lo, hi, t0, t1;
+            prmt.b32 lo, $4, 0, 0x1404;
+            prmt.b32 hi, $4, 0, 0x3424;
+            shr.b32 t0, lo, 1;
+            shr.b32 t1, hi, 1;
+            and.b32 t0, t0, 0x3F803F80;
+            and.b32 t1, t1, 0x3F803F80;
+            lop3.b32 lo, lo, 0x80008000, t0, 0xEA;
+            lop3.b32 hi, hi, 0x80008000, t1, 0xEA;
+            mov.b32 {$0, $1}, lo;
+            mov.b32 {$2, $3}, hi;
+            }
+            """,
+            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+    else:
+        b0, b1, b2, b3 = tl.inline_asm_elementwise(
+            asm="""
+            {
+            .reg .b16 a, b;
+            .reg .b32 lo, hi;
+            mov.b32 {a, b}, $4;
+            cvt.rn.f16x2.e4m3x2 lo, a;
+            cvt.rn.f16x2.e4m3x2 hi, b;
+            mov.b32 {$0, $1}, lo;
+            mov.b32 {$2, $3}, hi;
+            }
+            """,
+            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
+    return b0, b1, b2, b3
+
+
+@triton.jit
+def load_words_f16(words_ptr, slot, kvh, stride_t, stride_h, kv_ok, IS_INT8: tl.constexpr, CVT: tl.constexpr,
+                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                   MASKED: tl.constexpr):
+    """A one-byte ``[BLOCK_N, HEAD_DIM_PAD]`` tile read as int32 words and converted to fp16 in registers,
+    so it reaches shared memory (for the transposing operand load of ``P . V``) as fp16, not bytes."""
+    w = _load_rows(words_ptr, slot, kvh, tl.arange(0, HEAD_DIM_PAD // 4), stride_t, stride_h, kv_ok,
+                   MASKED, HEAD_DIM != HEAD_DIM_PAD, HEAD_DIM // 4)
+    b0, b1, b2, b3 = _words_to_f16(w, IS_INT8, CVT)
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BLOCK_N, HEAD_DIM_PAD])
+
+
+@triton.jit
+def _load_rows(base_ptr, slot, kvh, cols, stride_t, stride_h, kv_ok,
+               MASKED: tl.constexpr, COL_MASKED: tl.constexpr, HEAD_DIM: tl.constexpr):
+    ptrs = base_ptr + slot[:, None] * stride_t + kvh * stride_h + cols[None, :]
+    if MASKED or COL_MASKED:
+        x = tl.load(ptrs, mask=kv_ok[:, None] & (cols[None, :] < HEAD_DIM), other=0.0)
+    else:
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def head_scales(scale_ptr, slot, kvh, kv_ok, ROW: tl.constexpr, NUM: tl.constexpr, NUM_PAD: tl.constexpr,
+                MASKED: tl.constexpr):
+    """``[BLOCK_N, NUM_PAD]`` fp32 scales of head ``kvh`` at rows ``slot`` (``ROW`` elements per slot, the
+    head's ``NUM`` scales contiguous), loaded as one vector per row: 2-byte scalar loads are not pipelined."""
+    c = tl.arange(0, NUM_PAD)
+    ptrs = scale_ptr + slot[:, None] * ROW + kvh * NUM + c[None, :]
+    if MASKED or NUM != NUM_PAD:
+        sc = tl.load(ptrs, mask=kv_ok[:, None] & (c[None, :] < NUM), other=0.0)
+    else:
+        sc = tl.load(ptrs)
+    return sc.to(tl.float32)
+
+
+@triton.jit
+def head_scale(scale_ptr, slot, kvh, kv_ok, ROW: tl.constexpr, PAIR: tl.constexpr, MASKED: tl.constexpr):
+    """``[BLOCK_N]`` fp32 per-(token, head) scale; ``PAIR`` reads the even/odd head pair as one 2-wide vector
+    (``ROW`` even) and keeps this head's half."""
+    if PAIR:
+        c = tl.arange(0, 2)
+        ptrs = scale_ptr + slot[:, None] * ROW + (kvh // 2) * 2 + c[None, :]
+        if MASKED:
+            pair = tl.load(ptrs, mask=kv_ok[:, None], other=0.0)
+        else:
+            pair = tl.load(ptrs)
+        sc = tl.sum(tl.where(c[None, :] == kvh % 2, pair.to(tl.float32), 0.0), 1)
+    else:
+        ptrs = scale_ptr + slot * ROW + kvh
+        if MASKED:
+            sc = tl.load(ptrs, mask=kv_ok, other=0.0)
+        else:
+            sc = tl.load(ptrs)
+        sc = sc.to(tl.float32)
+    return sc
+
+
+@triton.jit
+def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_ptr, ks_ptr, stride_kt, stride_kh,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
+                  K_INT8: tl.constexpr, K_UNIT: tl.constexpr, KS_ROW: tl.constexpr, KS_PAIR: tl.constexpr,
+                  KS_NUM_PAD: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
+                  D_MASKED: tl.constexpr, CVT: tl.constexpr):
+    """Scores in log2 units ``[BLOCK_M, BLOCK_N]`` (fp32) of the fp16 queries against a one-byte K tile."""
+    if K_SCALE == 2:  # group scales: one dot per group of head_dim, scaled per score column
+        NUM_G: tl.constexpr = HEAD_DIM // K_GROUP
+        ks = head_scales(ks_ptr, slot, kvh, kv_ok, KS_ROW, NUM_G, KS_NUM_PAD, MASKED) * K_UNIT
+        gcol = tl.arange(0, KS_NUM_PAD)
+        e = tl.arange(0, K_GROUP)
+        s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+        for g in tl.static_range(NUM_G):
+            qg = tl.load(q_ptr + q_off[:, None] + (g * K_GROUP + e)[None, :], mask=row_ok[:, None], other=0.0)
+            qg = (qg.to(tl.float32) * scale_log2).to(tl.float16)  # L1-resident re-read, cheaper than registers
+            kg = narrow_to_f16(_load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
+                                          MASKED, False, HEAD_DIM), K_INT8, CVT)
+            ksg = tl.sum(tl.where(gcol[None, :] == g, ks, 0.0), 1)
+            s += tl.dot(qg, tl.trans(kg)) * ksg[None, :]
+    else:
+        k = narrow_to_f16(_load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED, HEAD_DIM),
+                          K_INT8, CVT)
+        s = tl.dot(q16, tl.trans(k))
+        if K_SCALE == 1:
+            s = s * (head_scale(ks_ptr, slot, kvh, kv_ok, KS_ROW, KS_PAIR, MASKED) * K_UNIT)[None, :]
+        elif K_UNIT != 1.0:
+            s = s * K_UNIT
+    return s
+
+
+@triton.jit
+def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
+              V_SCALE: tl.constexpr, V_INT8: tl.constexpr, V_UNIT: tl.constexpr, VS_ROW: tl.constexpr,
+              VS_PAIR: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr,
+              CVT: tl.constexpr, V_WORDS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """``P . V`` (fp32 ``[BLOCK_M, HEAD_DIM_PAD]``) for fp32 probabilities ``p`` and a one-byte V tile;
+    ``V_WORDS``: ``v_ptr`` is the cache viewed as int32 (strides in words), see ``load_words_f16``."""
+    if V_WORDS:
+        v = load_words_f16(v_ptr, slot, kvh, stride_vt, stride_vh, kv_ok, V_INT8, CVT, BLOCK_N, HEAD_DIM,
+                           HEAD_DIM_PAD, MASKED)
+    else:
+        v = narrow_to_f16(_load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED,
+                                     HEAD_DIM), V_INT8, CVT)
+    if V_SCALE == 1:  # columns of P times vs / max(vs): fp16 operands in [0, 1]; the max goes on the result
+        vs = head_scale(vs_ptr, slot, kvh, kv_ok, VS_ROW, VS_PAIR, MASKED)
+        top = tl.max(vs, 0)
+        top = tl.where(top > 0, top, 1.0)
+        pv = tl.dot((p * (vs * (1.0 / top))[None, :]).to(tl.float16), v) * (top * V_UNIT)
+    else:
+        pv = tl.dot(p.to(tl.float16), v)
+        if V_UNIT != 1.0:
+            pv = pv * V_UNIT
+    return pv
