@@ -96,8 +96,11 @@ class CutlassFp8LinearMethod(LinearMethod):
             values = torch.tensor([self.per_tensor_scales.get(i, 1.0) for i in range(len(rows))])
             layer.weight_scale.data.copy_(values.repeat_interleave(rows).view(-1, 1))
         if self._uses_cutlass(layer.weight.device):
-            self._extension = build.load_extension()  # compile now, never inside a forward or a CUDA-graph capture
-            _pad_for_tma(layer)
+            self._prepare_cutlass(layer)  # compile now, never inside a forward or a CUDA-graph capture
+
+    def _prepare_cutlass(self, layer):
+        self._extension = build.load_extension()
+        _pad_for_tma(layer)
 
     def _uses_cutlass(self, device: torch.device) -> bool:
         if self.kernel == "torch" or (device.type == "cpu" and self.kernel == "auto"):
@@ -111,11 +114,14 @@ class CutlassFp8LinearMethod(LinearMethod):
     def apply(self, layer, x, bias=None):
         x2, lead = gemm_input_rows(x, self.input_size, f"{self.name} layer")
         input_scale = layer.input_scale if self.activation_scheme == "static" else None
-        if self._extension is not None and x.is_cuda:
+        if x.is_cuda and self.kernel != "torch":
+            if self._extension is None:  # weights moved to the GPU after loading
+                if not layer.weight.is_cuda:
+                    raise RuntimeError(f"{self.name}: input on {x.device} but the layer's weights are on "
+                                       f"{layer.weight.device}; move the model to the GPU first")
+                self._uses_cutlass(x.device)
+                self._prepare_cutlass(layer)
             y = self._cutlass_gemm(layer, x2, input_scale)
-        elif x.is_cuda and self.kernel != "torch":
-            raise RuntimeError(f"{self.name}: the layer's weights were loaded on {layer.weight.device}, not CUDA; "
-                               f"load the model on the GPU (process_weights_after_loading compiles the kernel)")
         else:
             weight = layer.weight[: self.output_size, : self.input_size]
             y = fp8_linear_twin(x2, weight, layer.weight_scale[: self.output_size], input_scale)
