@@ -2,7 +2,8 @@
 # Every GPU check and benchmark of the engine, grouped in sections, in one call on the H200 (each step
 # time-boxed; a failure does not stop the rest). Usage from the repo root on the GPU machine:
 #   bash nanocore/bench/gpu_suite.sh OUTDIR [SECTION ...]     (default: every section, in this order)
-# Sections: tests engine profile codecs prefix moe interference attention
+# Sections: tests engine profile codecs prefix moe interference attention (default), and
+#   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end)
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
 source nanocore/bench/gpu_setup.sh || exit 1
@@ -14,7 +15,22 @@ step() { local t=$1; shift; echo "== $*"; timeout "$t" "$@" 2>&1 | tail -"${TAIL
 
 for s in $sections; do case $s in
 tests)
-  TAIL=12 step 100 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_gpu_engine.py plugins/decode_first ;;
+  TAIL=12 step 150 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_kernels_sampling.py \
+    tests/test_gpu_engine.py tests/test_moe_shared_overlap.py plugins/decode_first ;;
+tune)
+  TAIL=40 step 150 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 140
+  TAIL=30 step 150 python3 nanocore/bench/attention_quant_tune.py "$out"
+  TAIL=30 step 240 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out"
+  TAIL=12 step 80 python3 plugins_moe/triton_fused_moe/benchmarks/shared_overlap_gpu.py "$out" 60 ;;
+quant)
+  TAIL=40 step 150 $N bench linear --device cuda --json "$out/bench_linear.json"
+  for m in unquantized fp8_w8a16 awq; do
+    step 60 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
+  done
+  for m in unquantized cutlass fp8_w8a8; do
+    step 60 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json "$out/prefill_qwen2.5_7b_$m.json"
+  done ;;
 engine)
   step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen3_0.6b_unquantized.json"
