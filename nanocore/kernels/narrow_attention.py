@@ -11,6 +11,9 @@ and the reference for the bit tricks); 2 converts fp8 with the hardware's e4m3x2
 """
 from __future__ import annotations
 
+import os
+
+import torch
 import triton
 import triton.language as tl
 
@@ -158,51 +161,60 @@ def _load_rows(base_ptr, slot, kvh, cols, stride_t, stride_h, kv_ok,
 
 
 @triton.jit
-def head_scales(scale_ptr, slot, kvh, kv_ok, ROW: tl.constexpr, NUM: tl.constexpr, NUM_PAD: tl.constexpr,
-                MASKED: tl.constexpr):
-    """``[BLOCK_N, NUM_PAD]`` fp32 scales of head ``kvh`` at rows ``slot`` (``ROW`` elements per slot, the
-    head's ``NUM`` scales contiguous), loaded as one vector per row: 2-byte scalar loads are not pipelined."""
-    c = tl.arange(0, NUM_PAD)
-    ptrs = scale_ptr + slot[:, None] * ROW + kvh * NUM + c[None, :]
-    if MASKED or NUM != NUM_PAD:
-        sc = tl.load(ptrs, mask=kv_ok[:, None] & (c[None, :] < NUM), other=0.0)
-    else:
-        sc = tl.load(ptrs)
-    return sc.to(tl.float32)
+def _halves(w, HI):
+    """fp32 of the fp16 in the low (``HI`` 0) or high half of int32 words ``w``."""
+    return ((w >> (16 * HI)) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
-def head_scale(scale_ptr, slot, kvh, kv_ok, ROW: tl.constexpr, PAIR: tl.constexpr, MASKED: tl.constexpr):
-    """``[BLOCK_N]`` fp32 per-(token, head) scale; ``PAIR`` reads the even/odd head pair as one 2-wide vector
-    (``ROW`` even) and keeps this head's half."""
-    if PAIR:
-        c = tl.arange(0, 2)
-        ptrs = scale_ptr + slot[:, None] * ROW + (kvh // 2) * 2 + c[None, :]
-        if MASKED:
-            pair = tl.load(ptrs, mask=kv_ok[:, None], other=0.0)
-        else:
-            pair = tl.load(ptrs)
-        sc = tl.sum(tl.where(c[None, :] == kvh % 2, pair.to(tl.float32), 0.0), 1)
+def _load_vec(ptrs, ok, MASKED: tl.constexpr):
+    if MASKED:
+        x = tl.load(ptrs, mask=ok, other=0)
     else:
-        ptrs = scale_ptr + slot * ROW + kvh
-        if MASKED:
-            sc = tl.load(ptrs, mask=kv_ok, other=0.0)
-        else:
-            sc = tl.load(ptrs)
+        x = tl.load(ptrs)
+    return x
+
+
+@triton.jit
+def head_scales(scale_ptr, slot, kvh, kv_ok, ROW: tl.constexpr, NUM: tl.constexpr, NUM_PAD: tl.constexpr,
+                HALVES: tl.constexpr, MASKED: tl.constexpr):
+    """``[BLOCK_N, NUM_PAD]`` fp32 scales of head ``kvh`` at rows ``slot`` (``ROW`` elements per slot, the head's
+    ``NUM`` scales contiguous). ``HALVES``: fp16 scales read through ``scale_ptr`` as int32 words (``ROW`` in
+    words), so the loads are wide enough for the pipeliner's asynchronous copies (2-byte loads are not)."""
+    if HALVES:
+        c = tl.arange(0, NUM_PAD // 2)
+        ok = kv_ok[:, None] & (c[None, :] < NUM // 2)
+        w = _load_vec(scale_ptr + slot[:, None] * ROW + kvh * (NUM // 2) + c[None, :], ok, MASKED)
+        sc = tl.reshape(tl.join(_halves(w, 0), _halves(w, 1)), [w.shape[0], NUM_PAD])
+    else:
+        c = tl.arange(0, NUM_PAD)
+        ok = kv_ok[:, None] & (c[None, :] < NUM)
+        sc = _load_vec(scale_ptr + slot[:, None] * ROW + kvh * NUM + c[None, :], ok, MASKED or NUM != NUM_PAD)
         sc = sc.to(tl.float32)
+    return sc
+
+
+@triton.jit
+def head_scale(scale_ptr, slot, kvh, kv_ok, ROW: tl.constexpr, HALVES: tl.constexpr, MASKED: tl.constexpr):
+    """``[BLOCK_N]`` fp32 per-(token, head) scale; ``HALVES``: fp16 scales read as int32 words holding the
+    scales of heads ``2i, 2i + 1`` (``ROW`` in words)."""
+    if HALVES:
+        sc = _halves(_load_vec(scale_ptr + slot * ROW + kvh // 2, kv_ok, MASKED), kvh % 2)
+    else:
+        sc = _load_vec(scale_ptr + slot * ROW + kvh, kv_ok, MASKED).to(tl.float32)
     return sc
 
 
 @triton.jit
 def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_ptr, ks_ptr, stride_kt, stride_kh,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
-                  K_INT8: tl.constexpr, K_UNIT: tl.constexpr, KS_ROW: tl.constexpr, KS_PAIR: tl.constexpr,
+                  K_INT8: tl.constexpr, K_UNIT: tl.constexpr, KS_ROW: tl.constexpr, KS_HALVES: tl.constexpr,
                   KS_NUM_PAD: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
                   D_MASKED: tl.constexpr, CVT: tl.constexpr):
     """Scores in log2 units ``[BLOCK_M, BLOCK_N]`` (fp32) of the fp16 queries against a one-byte K tile."""
     if K_SCALE == 2:  # group scales: one dot per group of head_dim, scaled per score column
         NUM_G: tl.constexpr = HEAD_DIM // K_GROUP
-        ks = head_scales(ks_ptr, slot, kvh, kv_ok, KS_ROW, NUM_G, KS_NUM_PAD, MASKED) * K_UNIT
+        ks = head_scales(ks_ptr, slot, kvh, kv_ok, KS_ROW, NUM_G, KS_NUM_PAD, KS_HALVES, MASKED) * K_UNIT
         gcol = tl.arange(0, KS_NUM_PAD)
         e = tl.arange(0, K_GROUP)
         s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -218,7 +230,7 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
                           K_INT8, CVT)
         s = tl.dot(q16, tl.trans(k))
         if K_SCALE == 1:
-            s = s * (head_scale(ks_ptr, slot, kvh, kv_ok, KS_ROW, KS_PAIR, MASKED) * K_UNIT)[None, :]
+            s = s * (head_scale(ks_ptr, slot, kvh, kv_ok, KS_ROW, KS_HALVES, MASKED) * K_UNIT)[None, :]
         elif K_UNIT != 1.0:
             s = s * K_UNIT
     return s
@@ -227,7 +239,7 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
 @triton.jit
 def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
               V_SCALE: tl.constexpr, V_INT8: tl.constexpr, V_UNIT: tl.constexpr, VS_ROW: tl.constexpr,
-              VS_PAIR: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr,
+              VS_HALVES: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr,
               CVT: tl.constexpr, V_WORDS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """``P . V`` (fp32 ``[BLOCK_M, HEAD_DIM_PAD]``) for fp32 probabilities ``p`` and a one-byte V tile;
     ``V_WORDS``: ``v_ptr`` is the cache viewed as int32 (strides in words), see ``load_words_f16``."""
@@ -238,7 +250,7 @@ def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
         v = narrow_to_f16(_load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED,
                                      HEAD_DIM), V_INT8, CVT)
     if V_SCALE == 1:  # columns of P times vs / max(vs): fp16 operands in [0, 1]; the max goes on the result
-        vs = head_scale(vs_ptr, slot, kvh, kv_ok, VS_ROW, VS_PAIR, MASKED)
+        vs = head_scale(vs_ptr, slot, kvh, kv_ok, VS_ROW, VS_HALVES, MASKED)
         top = tl.max(vs, 0)
         top = tl.where(top > 0, top, 1.0)
         pv = tl.dot((p * (vs * (1.0 / top))[None, :]).to(tl.float16), v) * (top * V_UNIT)
@@ -247,3 +259,37 @@ def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
         if V_UNIT != 1.0:
             pv = pv * V_UNIT
     return pv
+
+
+_NARROW_DTYPES = (torch.int8, torch.float8_e4m3fn)
+
+
+def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int, int], k_group: int,
+                 head_dim: int) -> dict:
+    """Constexprs of the fp16 path for ``paged_attention_kernel`` (``NARROW`` False where ``path`` or the
+    layout does not allow it: then the kernel takes the "fold" path)."""
+    off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
+               KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1, V_WORDS=False)
+    k_groups = head_dim // k_group if codes[0] == 2 else 1
+    ok = (path.startswith("fp16") and q.dtype in (torch.float16, torch.bfloat16)
+          and k.dtype in _NARROW_DTYPES and v.dtype in _NARROW_DTYPES and codes[1] in (0, 1)
+          and (codes[0] in (0, 1) or (k_group >= 16 and k_group & (k_group - 1) == 0 and head_dim % k_group == 0)))
+    # scales are read as contiguous rows of [slot, head, group]
+    for code, sc, groups in ((codes[0], ks, k_groups), (codes[1], vs, 1)):
+        ok = ok and (code == 0 or (sc.stride(-1) == 1 and sc.stride(1) == groups
+                                   and sc.stride(0) == sc.shape[1] * groups))
+    if not ok:
+        return off
+    interpret = os.environ.get("TRITON_INTERPRET") == "1" or not q.is_cuda
+    cvt = 0 if interpret else (2 if "hwcvt" in path else 1)
+    unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
+    # 2-byte scales travel as int32 words (pairs of heads, or pairs of groups of one head)
+    k_halves = (codes[0] != 0 and ks.element_size() == 2 and ks.stride(0) % 2 == 0
+                and (codes[0] == 1 or k_groups % 2 == 0))
+    v_halves = codes[1] != 0 and vs.element_size() == 2 and vs.stride(0) % 2 == 0
+    ks_row = (ks.stride(0) // 2 if k_halves else ks.stride(0)) if codes[0] else 0
+    vs_row = (vs.stride(0) // 2 if v_halves else vs.stride(0)) if codes[1] else 0
+    return dict(NARROW=True, CVT=cvt, K_INT8=k.dtype == torch.int8, V_INT8=v.dtype == torch.int8,
+                K_UNIT=unit[k.dtype], V_UNIT=unit[v.dtype], KS_ROW=ks_row, VS_ROW=vs_row,
+                KS_HALVES=k_halves, VS_HALVES=v_halves,
+                KS_NUM_PAD=triton.next_power_of_2(k_groups), V_WORDS=path.endswith("_vw") and head_dim % 4 == 0)

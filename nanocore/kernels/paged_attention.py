@@ -4,8 +4,9 @@ One program handles ``BLOCK_Q`` query tokens of one sequence times the ``GROUP``
 one KV head (GQA rows are packed into the M dimension, so every K/V tile is loaded once per group).
 It walks the sequence's KV in ``BLOCK_N`` tiles through the block table, reading the codec's layout:
 narrow K/V tiles are converted to q's dtype and their scales applied to the score / probability columns
-(``quant_path`` "fold"), or scaled in registers before the dots ("dequant"). Causal alignment is lower-right: query ``i`` of a sequence with
-``seq_len`` L and query length lq sits at position ``L - lq + i``. When few programs would cover long
+(``quant_path`` "fold"), scaled in registers before the dots ("dequant"), or, for one-byte K and V, converted
+to fp16 with integer bit tricks and multiplied in fp16 ("fp16*", ``narrow_attention``). Causal alignment is
+lower-right: query ``i`` of a sequence with ``seq_len`` L and query length lq sits at position ``L - lq + i``. When few programs would cover long
 contexts, the KV range is split over a third grid axis and a reduction kernel merges the partials.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from nanocore.interfaces import KVCache, KVLayout
-from nanocore.kernels.narrow_attention import FP8_BITS_UNIT, narrow_pv, narrow_scores
+from nanocore.kernels.narrow_attention import narrow_constexprs, narrow_pv, narrow_scores
 
 #: Scale granularity -> constexpr code used by the kernels.
 SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
@@ -33,10 +34,16 @@ SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 #: (``narrow_attention``); layouts it does not cover (wider elements, fp32 queries, groups under 16) use "fold".
 #: "_vw": V is read as int32 words and converted in registers before it reaches shared memory.
 QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw")
-DEFAULT_QUANT_PATH = "fold"
+#: Default path; ``NANOCORE_ATTN_QUANT_PATH`` overrides it (one of ``QUANT_PATHS``) for A/B runs of the engine.
+#: "fp16_hwcvt_vw" was chosen from the sm_90 SASS (ptxas via Triton 3.6, 64 x 4K decode shapes, block_n 128,
+#: 4 warps): 150 registers (3 programs per SM; "fold" int8 255 / fp8 186: 2 per SM), 34 / 28 / 34 warp
+#: instructions per key for int8 / fp8 / k_int8_v_fp8 ("fold": 45 / 45 / 62), no F2F conversions, no byte-wise
+#: shared-memory reads of V, every scale load asynchronous. Not yet timed on the GPU: see attention_quant_tune.
+DEFAULT_QUANT_PATH = "fp16_hwcvt_vw"
 #: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. H200,
 #: 64 x 4K decode, "fold": int8 / fp8 token-head 128/4/2 0.243 / 0.290 ms (64/4/2: 0.385 / 0.435 ms);
-#: group-scaled K (k_int8_v_fp8) 64/4/2 0.299 ms (128/4/2: 0.401 ms). bf16 cache: 0.259 ms.
+#: group-scaled K (k_int8_v_fp8) 64/4/2 0.299 ms (128/4/2: 0.401 ms). bf16 cache: 0.259 ms. The fp16 paths
+#: use ``NARROW_DECODE_TILE`` for every one-byte layout; ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
 NARROW_DECODE_TILE = (128, 4, 2)
 GROUP_K_DECODE_TILE = (64, 4, 2)
 #: Initial running max: finite, so a row that sees no key in a split never computes inf - inf.
@@ -101,7 +108,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
                  HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
                  FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
                  K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
-                 KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_PAIR: tl.constexpr, VS_PAIR: tl.constexpr,
+                 KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
                  KS_NUM_PAD: tl.constexpr, V_WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """One online-softmax step (fp32 statistics) over KV positions ``tile*BLOCK_N ...``.
 
@@ -122,7 +129,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
         slot = (q_start + k_pos).to(tl.int64)
     if NARROW:
         s = narrow_scores(q, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_ptr, ks_ptr, stride_kt,
-                          stride_kh, BLOCK_M, BLOCK_N, K_SCALE, K_GROUP, K_INT8, K_UNIT, KS_ROW, KS_PAIR,
+                          stride_kh, BLOCK_M, BLOCK_N, K_SCALE, K_GROUP, K_INT8, K_UNIT, KS_ROW, KS_HALVES,
                           KS_NUM_PAD, MASKED, HEAD_DIM, D_MASKED, CVT)
     elif K_SPLIT:  # S = sum_g (q[:, g] . K[:, g]^T) * ks[token, g]; the q slices are re-read (L1-resident)
         s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
@@ -151,7 +158,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
     l_i = l_i * alpha + tl.sum(p, 1)
     if NARROW:
         pv = narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh, V_SCALE, V_INT8, V_UNIT,
-                       VS_ROW, VS_PAIR, MASKED, HEAD_DIM, D_MASKED, CVT, V_WORDS, BLOCK_N, HEAD_DIM_PAD)
+                       VS_ROW, VS_HALVES, MASKED, HEAD_DIM, D_MASKED, CVT, V_WORDS, BLOCK_N, HEAD_DIM_PAD)
     elif FOLD and V_SCALE == 1:  # acc += (P * vs[token]) . V
         v = _load_raw(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
         vsc = _row_scale(vs_ptr, slot, kvh, vs_stride_t, vs_stride_h, kv_ok, MASKED)
@@ -177,7 +184,7 @@ def paged_attention_kernel(
     K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
-    KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_PAIR: tl.constexpr, VS_PAIR: tl.constexpr,
+    KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
     KS_NUM_PAD: tl.constexpr, V_WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -225,7 +232,8 @@ def paged_attention_kernel(
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
             K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT,
-            NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_PAIR, VS_PAIR, KS_NUM_PAD, V_WORDS, HEAD_DIM_PAD)
+            NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES, VS_HALVES, KS_NUM_PAD,
+            V_WORDS, HEAD_DIM_PAD)
     for tile in range(t_full, t_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_start, seq_len, kvh, d,
@@ -233,7 +241,8 @@ def paged_attention_kernel(
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
             K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT,
-            NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_PAIR, VS_PAIR, KS_NUM_PAD, V_WORDS, HEAD_DIM_PAD)
+            NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES, VS_HALVES, KS_NUM_PAD,
+            V_WORDS, HEAD_DIM_PAD)
 
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     if SPLIT:  # partials: unnormalised acc, running max and sum, merged by _merge_splits_kernel
@@ -286,12 +295,33 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def default_quant_path() -> str:
+    path = os.environ.get("NANOCORE_ATTN_QUANT_PATH") or DEFAULT_QUANT_PATH
+    if path not in QUANT_PATHS:
+        raise ValueError(f"NANOCORE_ATTN_QUANT_PATH={path!r} is not one of {QUANT_PATHS}; unset it or pick one")
+    return path
+
+
+def _narrow_decode_tile(quant_path: str, k_grouped: bool) -> tuple[int, int, int]:
+    env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")
+    if env:
+        try:
+            block_n, warps, stages = (int(x) for x in env.split("/"))
+        except ValueError:
+            raise ValueError(f"NANOCORE_ATTN_DECODE_TILE={env!r}: expected block_n/num_warps/num_stages, "
+                             f"e.g. 128/4/2") from None
+        return block_n, warps, stages
+    if k_grouped and not quant_path.startswith("fp16"):
+        return GROUP_K_DECODE_TILE
+    return NARROW_DECODE_TILE
+
+
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
-                   k_grouped: bool = False) -> AttentionConfig:
+                   k_grouped: bool = False, quant_path: str | None = None) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
-        tile = GROUP_K_DECODE_TILE if k_grouped else NARROW_DECODE_TILE
+        tile = _narrow_decode_tile(quant_path or default_quant_path(), k_grouped)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
@@ -337,35 +367,6 @@ def _quant_flags(path: str, codes: tuple[int, int], k_group: int) -> tuple[bool,
     return fold, k_split
 
 
-_NARROW_DTYPES = (torch.int8, torch.float8_e4m3fn)
-
-
-def _narrow_args(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int, int], k_group: int,
-                 head_dim: int) -> dict:
-    """Constexprs of the fp16 path (``NARROW`` False where ``path`` or the layout does not allow it)."""
-    off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
-               KS_PAIR=False, VS_PAIR=False, KS_NUM_PAD=1, V_WORDS=False)
-    k_groups = head_dim // k_group if codes[0] == 2 else 1
-    ok = (path.startswith("fp16") and q.dtype in (torch.float16, torch.bfloat16)
-          and k.dtype in _NARROW_DTYPES and v.dtype in _NARROW_DTYPES and codes[1] in (0, 1)
-          and (codes[0] in (0, 1) or (k_group >= 16 and k_group & (k_group - 1) == 0 and head_dim % k_group == 0)))
-    # scales are read as contiguous rows of [slot, head, group]
-    for code, sc, groups in ((codes[0], ks, k_groups), (codes[1], vs, 1)):
-        ok = ok and (code == 0 or (sc.stride(-1) == 1 and sc.stride(1) == groups and sc.stride(0) == sc.shape[1] * groups))
-    if not ok:
-        return off
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" or not q.is_cuda
-    cvt = 0 if interpret else (2 if "hwcvt" in path else 1)
-    unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
-    ks_row = ks.stride(0) if codes[0] else 0
-    vs_row = vs.stride(0) if codes[1] else 0
-    return dict(NARROW=True, CVT=cvt, K_INT8=k.dtype == torch.int8, V_INT8=v.dtype == torch.int8,
-                K_UNIT=unit[k.dtype], V_UNIT=unit[v.dtype], KS_ROW=ks_row, VS_ROW=vs_row,
-                KS_PAIR=codes[0] == 1 and ks_row % 2 == 0 and ks.element_size() == 2,
-                VS_PAIR=codes[1] == 1 and vs_row % 2 == 0 and vs.element_size() == 2,
-                KS_NUM_PAD=triton.next_power_of_2(k_groups), V_WORDS=path.endswith("_vw") and head_dim % 4 == 0)
-
-
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache | None,
                     meta, scale: float, layout: KVLayout | None = None,
                     config: AttentionConfig | None = None) -> torch.Tensor:
@@ -380,11 +381,14 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     kv_itemsize = max(k.element_size(), v.element_size())
+    path = (config.quant_path if config is not None else None) or default_quant_path()
     cfg = config or default_config(meta.max_query_len, group, head_dim, kv_itemsize,
-                                   k_grouped=codes[0] == SCALE_CODES["group"])
-    path = cfg.quant_path or DEFAULT_QUANT_PATH
-    narrow = _narrow_args(path, q, k, v, ks, vs, codes, groups[0], head_dim)
+                                   k_grouped=codes[0] == SCALE_CODES["group"], quant_path=path)
+    narrow = narrow_constexprs(path, q, k, v, ks, vs, codes, groups[0], head_dim)
     v_arg = v.view(torch.int32) if narrow["V_WORDS"] else v  # strides below are then in words
+    scale_strides = (ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1))
+    ks = ks.reshape(-1).view(torch.int32) if narrow["KS_HALVES"] else ks
+    vs = vs.reshape(-1).view(torch.int32) if narrow["VS_HALVES"] else vs
     fold, k_split = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
     block_q = cfg.block_m // group
     if block_q < 1:
@@ -410,7 +414,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
         q, k, v_arg, ks, vs, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
         scale * LOG2E, num_q_tiles, splits, num_q_heads,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
-        ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1), out.stride(0), out.stride(1), stride_bt,
+        *scale_strides, out.stride(0), out.stride(1), stride_bt,
         GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m, BLOCK_Q=block_q,
         BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, K_SCALE=codes[0], V_SCALE=codes[1],
         K_GROUP=groups[0], V_GROUP=groups[1], SPLIT=splits > 1,
