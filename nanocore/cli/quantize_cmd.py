@@ -5,6 +5,7 @@ place at the end, so an interrupted run leaves no half-written DST.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import re
 import shutil
@@ -48,6 +49,8 @@ def run(args) -> int:
         raise ValueError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
                          f"quantize the unquantized checkpoint")
     method = get_registry().get("linear_method", args.method).cls
+    if getattr(args, "fp8_scale", None) is not None and "fp8_scale" not in inspect.signature(method.quantize).parameters:
+        raise ValueError(f"--fp8-scale is an option of the fp8 methods; {args.method} does not take it")
     calibration = None
     if args.calib_text:
         calibration = collect_calibration(src, Path(args.calib_text), args.calib_samples, args.calib_seqlen)

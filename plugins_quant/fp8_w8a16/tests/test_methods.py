@@ -167,3 +167,30 @@ def test_quantize_with_calibration_keeps_the_standard_format(cls):
     assert tensors["layer.weight_scale"].dtype == torch.float32 and tensors["layer.weight_scale"].shape == (16, 1)
     with pytest.raises(ValueError, match="fp8_scale must be one of"):
         cls.quantize({"layer.weight": w}, None, fp8_scale="mse")
+
+
+def test_cli_fp8_scale_option(tmp_path, capsys):
+    import sys
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from nanocore.cli.main import main
+
+    sys.path.insert(0, str(Path(__file__).parents[3] / "tests"))
+    from model_fixtures import make_checkpoint
+
+    make_checkpoint(tmp_path / "src", "llama")
+    src = load_file(str(tmp_path / "src" / "model.safetensors"))
+    name = next(n for n in src if n.endswith("down_proj.weight"))
+    for scale in ("absmax", "search"):
+        assert main(["quantize", "--method", "fp8_w8a16", "--model", str(tmp_path / "src"), "--out",
+                     str(tmp_path / scale), "--fp8-scale", scale]) == 0
+    absmax, search = (load_file(str(tmp_path / s / "model.safetensors")) for s in ("absmax", "search"))
+    torch.testing.assert_close(absmax[name[:-6] + "weight_scale"], quantize_fp8_per_row(src[name])[1])
+    err = {k: float((t[name].float() * t[name[:-6] + "weight_scale"] - src[name]).norm())
+           for k, t in (("absmax", absmax), ("search", search))}
+    assert err["search"] < err["absmax"]
+    assert main(["quantize", "--method", "int8_w8a8", "--model", str(tmp_path / "src"), "--out", str(tmp_path / "x"),
+                 "--fp8-scale", "absmax"]) != 0
+    assert "--fp8-scale is an option of the fp8 methods" in capsys.readouterr().err
