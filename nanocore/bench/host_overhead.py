@@ -19,8 +19,11 @@ import time
 import torch
 
 
-def build_llm(num_seqs: int, max_model_len: int, num_kv_blocks: int, logits_width: int):
+def build_llm(num_seqs: int, max_model_len: int, num_kv_blocks: int, logits_width: int,
+              async_scheduling: bool = False):
     """An LLM on the ``dummy:tiny-qwen2`` preset (CPU) whose forward and logits are cheap stubs.
+
+    Synchronous by default: on CPU nothing overlaps, and every decode step then goes through ``prepare``.
 
     The logits stub is ``logits_width`` columns wide (sampled ids stay valid token ids): the sampler's
     per-element math is device work on a GPU, so on CPU it is kept small to leave the host cost visible.
@@ -28,7 +31,8 @@ def build_llm(num_seqs: int, max_model_len: int, num_kv_blocks: int, logits_widt
     from nanocore.engine.llm import LLM
 
     llm = LLM("dummy:tiny-qwen2", device="cpu", dtype="float32", max_model_len=max_model_len,
-              max_num_seqs=num_seqs, num_kv_blocks=num_kv_blocks, enforce_eager=True)
+              max_num_seqs=num_seqs, num_kv_blocks=num_kv_blocks, enforce_eager=True,
+              async_scheduling=async_scheduling)
     model = llm.engine.runner.model
     hidden_size = llm.engine.loaded.hf_config.hidden_size
     width = min(logits_width, llm.engine.loaded.hf_config.vocab_size)
@@ -81,6 +85,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--logits-width", type=int, default=4, help="columns of the stub logits (<= vocab)")
+    parser.add_argument("--async-scheduling", action="store_true",
+                        help="time the look-ahead decode path (its host work; nothing overlaps on CPU)")
     parser.add_argument("--profile", action="store_true", help="print a cProfile top list of the decode steps")
     parser.add_argument("--top", type=int, default=25)
     args = parser.parse_args(argv)
@@ -90,10 +96,10 @@ def main(argv=None) -> int:
     max_model_len = args.prompt_len + args.max_tokens
     blocks_per_seq = -(-max_model_len // 16)  # the default block_size
     llm = build_llm(args.num_seqs, max_model_len, args.num_seqs * blocks_per_seq + 16,
-                    args.logits_width)
+                    args.logits_width, args.async_scheduling)
     runs = [time_decode(llm, args) for _ in range(args.repeats)]
     print(f"host_ms_per_decode_step={statistics.median(runs):.3f} min={min(runs):.3f} "
-          f"(num_seqs={args.num_seqs}, steps={args.steps}, runs={', '.join(f'{r:.3f}' for r in runs)})")
+          f"(num_seqs={args.num_seqs}, steps={args.steps}, async={args.async_scheduling}, runs={', '.join(f'{r:.3f}' for r in runs)})")
     if args.profile:
         profiler = cProfile.Profile()
         time_decode(llm, args, profiler)

@@ -76,6 +76,12 @@ class BlockManager:
         seq.num_computed_tokens = 0
         seq.num_published_blocks = 0
 
+    def trim(self, seq: Sequence, num_blocks: int) -> None:
+        """Give back the blocks past ``seq``'s first ``num_blocks`` (never published: beyond its computed KV)."""
+        assert num_blocks >= seq.num_published_blocks, "trim would drop blocks the prefix cache holds"
+        while seq.num_blocks > num_blocks:
+            self._release(seq.block_table.pop())
+
     def publish(self, seq: Sequence) -> None:
         """Insert ``seq``'s newly computed full blocks into the prefix cache."""
         num_full = min(seq.num_computed_tokens // self.block_size, seq.num_blocks)

@@ -5,11 +5,14 @@ import itertools
 import logging
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from nanocore.config import EngineConfig
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.detokenizer import IncrementalDetokenizer, decode_output
+from nanocore.engine.host_transfer import upload
+from nanocore.engine.lookahead import Lookahead, allocate_lookahead, lookahead_rows
 from nanocore.engine.model_runner import ModelRunner
 from nanocore.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
@@ -81,6 +84,9 @@ class LLMEngine:
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
+        #: overlap decode steps (see lookahead.py); tensor / expert parallel runs synchronously
+        self.async_scheduling = config.async_scheduling and self.workers is None
+        self._lookahead: Lookahead | None = None
 
     def _load(self, config: EngineConfig):
         if config.tensor_parallel_size > 1 or config.expert_parallel_size > 1:
@@ -150,11 +156,54 @@ class LLMEngine:
 
     # ---- the step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
-        """Schedule, run the model, append sampled tokens, check stops; return requests that finished."""
+        """Schedule, run the model, append sampled tokens, check stops; return requests that finished.
+
+        With ``async_scheduling`` a plain decode step also queues the next step's forward before reading
+        its own tokens (``lookahead.py``); outputs are the synchronous engine's.
+        """
         if not self.scheduler.has_unfinished():
+            self._lookahead = None
             return []
+        lookahead, self._lookahead = self._lookahead, None
+        if lookahead is not None and self.scheduler.waiting:
+            lookahead.undo_blocks(self.block_manager)  # admissions see the synchronous engine's free blocks
+            lookahead = self._discard_lookahead()
         batch = self.scheduler.schedule()
-        result = self.runner.execute(batch.seqs, batch.num_tokens)
+        if self.workers is not None:  # tensor / expert parallel: the workers run each step synchronously
+            result = self.runner.execute(batch.seqs, batch.num_tokens)
+        else:
+            pending = self.runner.launch(batch.seqs, batch.num_tokens, self._lookahead_hidden(lookahead, batch))
+            if self.async_scheduling:
+                self._lookahead = self._launch_lookahead(batch, pending)
+            result = pending.result()
+        return self._postprocess(batch, result)
+
+    def _lookahead_hidden(self, lookahead: Lookahead | None, batch) -> torch.Tensor | None:
+        """The look-ahead's hidden states for ``batch`` if it computed exactly this batch, else None."""
+        if lookahead is None:
+            return None
+        rows = lookahead.rows_for(batch)
+        if rows is None:
+            return self._discard_lookahead()
+        self.stats.num_overlapped_steps += 1
+        if len(rows) == len(lookahead.seqs):
+            return lookahead.hidden
+        return lookahead.hidden.index_select(0, upload(np.asarray(rows, dtype=np.int64), self.device))
+
+    def _discard_lookahead(self) -> None:
+        self.stats.num_discarded_lookaheads += 1
+        return None
+
+    def _launch_lookahead(self, batch, pending) -> Lookahead | None:
+        rows = lookahead_rows(batch, self.scheduler, self.requests, self.max_model_len)
+        if rows is None:
+            return None
+        seqs = batch.seqs if len(rows) == len(batch.seqs) else [batch.seqs[i] for i in rows]
+        grown = allocate_lookahead(self.block_manager, seqs)
+        hidden = self.runner.launch_decode(seqs, pending.token_ids, None if seqs is batch.seqs else rows)
+        return Lookahead(seqs, [s.num_tokens for s in seqs], hidden, grown)
+
+    def _postprocess(self, batch, result) -> list[RequestOutput]:
         block_size = self.block_manager.block_size
         for seq, num_tokens in zip(batch.seqs, batch.num_tokens):
             seq.num_computed_tokens += num_tokens

@@ -1,8 +1,9 @@
 """ModelRunner: owns the model and the paged KV cache; turns one scheduled batch into sampled tokens.
 
 Per step: build positions / slot mapping / block tables / cu_seqlens with vectorised numpy ops (one
-host->device copy per tensor), run the model, compute logits only for sequences that sample (a prefill
-chunk that does not reach the end of its prompt samples nothing), and sample on the device.
+pinned host->device copy for all of them), run the model, compute logits only for sequences that sample
+(a prefill chunk that does not reach the end of its prompt samples nothing), and sample on the device.
+``launch`` / ``launch_decode`` only queue work, so the engine can overlap it with host work.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ import numpy as np
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.engine.host_transfer import HostCopy, upload
 from nanocore.engine.sequence import Sequence
 from nanocore.interfaces import KVCodec
 from nanocore.layers.attention import AttentionMetadata
-from nanocore.layers.sampler import Sampler, SamplingTensors
+from nanocore.layers.sampler import Sampler, SamplerOutput, SamplingTensors
 
 logger = logging.getLogger("nanocore")
 
@@ -29,7 +31,7 @@ class StepInputs:
     input_ids: torch.Tensor
     positions: torch.Tensor
     meta: AttentionMetadata
-    logits_indices: torch.Tensor  # rows of the hidden states that produce logits
+    logits_indices: torch.Tensor | None  # rows of the hidden states that produce logits (None: every row)
     sample_rows: list[int]  # batch indices of the sequences that sample this step
 
 
@@ -39,6 +41,30 @@ class StepResult:
     token_ids: list[int]
     #: per sampled sequence: (token ids, logprobs, rank of the sampled token); first id is the sampled one
     logprobs: list[tuple[list[int], list[float], int]] | None = None
+
+
+class PendingSample:
+    """A step's sampling queued on the device; ``result()`` waits for the sampled ids (pinned copy)."""
+
+    def __init__(self, seqs: list[Sequence], out: SamplerOutput | None = None, host_ids: HostCopy | None = None):
+        self.seqs, self.out, self.host_ids = seqs, out, host_ids
+
+    @property
+    def token_ids(self) -> torch.Tensor:
+        """The sampled ids on the device, one per sequence: the next look-ahead step's input ids."""
+        return self.out.token_ids
+
+    def result(self) -> StepResult:
+        if self.out is None:  # nothing sampled, or a tensor-parallel worker (rank 0 samples)
+            return StepResult(self.seqs, [])
+        result = StepResult(self.seqs, self.host_ids.tolist())
+        out = self.out
+        if out.logprobs is not None:
+            ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
+            result.logprobs = [
+                (ids[i][:1 + (s.sampling_params.logprobs or 0)], lps[i][:1 + (s.sampling_params.logprobs or 0)], ranks[i])
+                for i, s in enumerate(self.seqs)]
+        return result
 
 
 def kv_bytes_per_block(codec: KVCodec, kv_cache_spec: tuple[int, int, int], dtype: torch.dtype, block_size: int) -> int:
@@ -205,17 +231,41 @@ class ModelRunner:
             samples = seq_lens == np.array([s.num_tokens for s in seqs], dtype=np.int64)
             sample_rows = np.flatnonzero(samples).tolist()
             logits_indices = cu_seqlens[1:][samples] - 1
-        to_device = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        # one pinned upload of every index array; the int32 ones are converted on the device
+        parts = [input_ids, positions, slot_mapping, logits_indices, cu_seqlens, seq_lens, block_tables.ravel()]
+        sizes = [len(a) for a in parts]
+        on_device = upload(np.concatenate(parts, dtype=np.int64), self.device).split(sizes)
+        ids, pos, slots, logits_rows, cu, lens, tables = on_device
         meta = AttentionMetadata(
-            slot_mapping=to_device(slot_mapping),
-            query_start_loc=to_device(cu_seqlens.astype(np.int32)),
-            seq_lens=to_device(seq_lens.astype(np.int32)),
-            block_tables=to_device(block_tables),
+            slot_mapping=slots, query_start_loc=cu.int(), seq_lens=lens.int(),
+            block_tables=tables.int().view(block_tables.shape),
             max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
             kv_caches=self.kv_caches, codec=self.codec,
             query_lens_cpu=query_lens.tolist(), seq_lens_cpu=seq_lens.tolist(),
         )
-        return StepInputs(to_device(input_ids), to_device(positions), meta, to_device(logits_indices), sample_rows)
+        return StepInputs(ids, pos, meta, logits_rows, sample_rows)
+
+    def prepare_decode(self, seqs: list[Sequence], token_ids: torch.Tensor, rows: list[int] | None) -> StepInputs:
+        """Inputs of a look-ahead decode step: each sequence's next position (``num_tokens``: its newest token
+        is still on the device) fed by ``token_ids[rows]`` (all rows when None), the last step's samples."""
+        bs, n = self.block_size, len(seqs)
+        positions = np.fromiter([s.num_tokens for s in seqs], np.int64, n)
+        block_tables = self._block_tables([s.block_table for s in seqs])
+        slot_mapping = block_tables[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
+        seq_lens = positions + 1
+        parts = [positions, slot_mapping, np.arange(n + 1), seq_lens, block_tables.ravel()]
+        if rows is not None:
+            parts.append(np.asarray(rows, dtype=np.int64))
+        on_device = upload(np.concatenate(parts, dtype=np.int64), self.device).split([len(a) for a in parts])
+        pos, slots, cu, lens, tables = on_device[:5]
+        input_ids = token_ids if rows is None else token_ids.index_select(0, on_device[5])
+        seq_lens_cpu = seq_lens.tolist()
+        meta = AttentionMetadata(
+            slot_mapping=slots, query_start_loc=cu.int(), seq_lens=lens.int(),
+            block_tables=tables.int().view(block_tables.shape), max_query_len=1, max_seq_len=max(seq_lens_cpu),
+            kv_caches=self.kv_caches, codec=self.codec, query_lens_cpu=[1] * n, seq_lens_cpu=seq_lens_cpu,
+        )
+        return StepInputs(input_ids, pos, meta, None, list(range(n)))
 
     def _block_tables(self, tables: list[list[int]]) -> np.ndarray:
         """``block_table_array(tables)``, updated in place from the last step's when the rows hold the same
@@ -253,28 +303,44 @@ class ModelRunner:
         return dataclasses.replace(base, banned=(tensor(banned_rows), tensor(banned_ids)))
 
     # ---- execution -----------------------------------------------------------------------
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
+        if self.decode_graphs is not None and self.decode_graphs.can_run(inputs.meta, inputs.meta.num_seqs):
+            return self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
+
     @torch.inference_mode()
     def execute(self, seqs: list[Sequence], num_tokens: list[int]) -> StepResult:
         """Run one step of the scheduled batch and sample for the sequences that reach their end."""
-        inputs = self.prepare(seqs, num_tokens)
-        if self.decode_graphs is not None and self.decode_graphs.can_run(inputs.meta, len(seqs)):
-            hidden = self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        return self.launch(seqs, num_tokens).result()
+
+    @torch.inference_mode()
+    def launch(self, seqs: list[Sequence], num_tokens: list[int], hidden: torch.Tensor | None = None) -> PendingSample:
+        """Forward, logits and sampling of one step, queued on the device; ``.result()`` waits for the ids.
+
+        ``hidden``: the hidden states of this decode batch (one row per sequence) from a look-ahead
+        ``launch_decode``; then only logits and sampling are queued.
+        """
+        if hidden is None:
+            inputs = self.prepare(seqs, num_tokens)
+            hidden = self._forward(inputs)
+            sampled = [seqs[i] for i in inputs.sample_rows]
+            if len(sampled) < len(seqs) or inputs.meta.max_query_len > 1:
+                hidden = hidden[inputs.logits_indices]
         else:
-            hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
-        sampled = [seqs[i] for i in inputs.sample_rows]
+            sampled = seqs
         if not sampled:
-            return StepResult([], [])
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            return PendingSample([])
+        logits = self.model.compute_logits(hidden)
         if not self.samples:
-            return StepResult(sampled, [])
+            return PendingSample(sampled)
         out = self.sampler(logits, self.sampling_tensors(sampled))
-        result = StepResult(sampled, out.token_ids.tolist())
-        if out.logprobs is not None:
-            ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
-            result.logprobs = [
-                (ids[i][:1 + (s.sampling_params.logprobs or 0)], lps[i][:1 + (s.sampling_params.logprobs or 0)], ranks[i])
-                for i, s in enumerate(sampled)]
-        return result
+        return PendingSample(sampled, out, HostCopy(out.token_ids))
+
+    @torch.inference_mode()
+    def launch_decode(self, seqs: list[Sequence], token_ids: torch.Tensor, rows: list[int] | None) -> torch.Tensor:
+        """Queue the forward of the decode step after the one whose samples ``token_ids`` are still on the
+        device (see ``prepare_decode``); returns its hidden states, one row per sequence."""
+        return self._forward(self.prepare_decode(seqs, token_ids, rows))
 
     @torch.inference_mode()
     def prompt_logits(self, seq: Sequence) -> torch.Tensor:

@@ -47,4 +47,8 @@ class EngineStats:
     num_cached_tokens: int = 0  # of those, served by the prefix cache (never the recomputed last block)
     num_preemptions: int = 0
     num_finished_requests: int = 0
+    #: async scheduling: steps whose forward was queued before the previous step's tokens were read, and
+    #: such look-ahead forwards thrown away (the batch changed: an admission, an abort of every row...)
+    num_overlapped_steps: int = 0
+    num_discarded_lookaheads: int = 0
     prefix_cache: dict = field(default_factory=dict)

@@ -1,0 +1,188 @@
+"""Async scheduling (look-ahead decode steps) gives the synchronous engine's outputs, step for step."""
+from __future__ import annotations
+
+import dataclasses
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from engine_fakes import EOS, VOCAB, fake_loaded_model  # noqa: E402
+from nanocore.engine.llm import LLM  # noqa: E402
+from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
+
+BASE = {"device": "cpu", "kv_codec": "unquantized", "block_size": 4}
+ASYNC_COUNTERS = ("num_overlapped_steps", "num_discarded_lookaheads")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_llm(async_scheduling: bool, eos_boost: float = 2.5, **fields) -> LLM:
+    """The tiny fake model with EOS made likely enough that sampled rows finish at scattered steps."""
+    loaded = fake_loaded_model()
+    compute_logits = loaded.model.compute_logits
+
+    def eos_likely(hidden):
+        logits = compute_logits(hidden)
+        logits[:, EOS] += eos_boost
+        return logits
+
+    loaded.model.compute_logits = eos_likely
+    config = {**BASE, "num_kv_blocks": 256, "prefix_cache": "none", "scheduler_policy": "prefill_first", **fields}
+    return LLM("fake", loaded_model=loaded, async_scheduling=async_scheduling, **config)
+
+
+def drive(llm: LLM, waves: dict[int, list], aborts: dict[int, list[str]] | None = None):
+    """Add ``waves[k]`` (prompt, params) before step k, abort ``aborts[k]``; return what finished when."""
+    engine, aborts = llm.engine, aborts or {}
+    done, step = {}, 0
+    while engine.has_unfinished_requests() or any(k >= step for k in waves):
+        for prompt, params in waves.get(step, []):
+            engine.add_request(prompt, params)
+        for request_id in aborts.get(step, []):
+            engine.abort_request(request_id)
+        for out in engine.step():
+            done[out.request_id] = (step, out.num_cached_tokens, [
+                (c.token_ids, c.finish_reason, c.stop_reason, c.text) for c in out.outputs])
+        step += 1
+    return done
+
+
+def stats_without_async_counters(llm: LLM) -> dict:
+    stats = dataclasses.asdict(llm.stats())
+    return {k: v for k, v in stats.items() if k not in ASYNC_COUNTERS}
+
+
+def assert_same(waves, aborts=None, **fields):
+    """Run the scenario on a synchronous and an async engine; outputs, finish steps and stats must agree."""
+    sync_llm, async_llm = make_llm(False, **fields), make_llm(True, **fields)
+    expected, got = drive(sync_llm, waves, aborts), drive(async_llm, waves, aborts)
+    assert got == expected
+    assert stats_without_async_counters(async_llm) == stats_without_async_counters(sync_llm)
+    assert sync_llm.stats().num_overlapped_steps == 0
+    bm = async_llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks and sum(bm.ref_counts) == 0  # look-ahead blocks all came back
+    return async_llm.stats()
+
+
+def prompts(count: int, seed: int, shared_prefix: str = "") -> list[str]:
+    rng = random.Random(seed)
+    letters = VOCAB[4:30]
+    return [shared_prefix + "".join(rng.choice(letters) for _ in range(rng.randint(1, 14))) for _ in range(count)]
+
+
+def mixed_params(seed: int) -> list[SamplingParams]:
+    """Greedy, unseeded and seeded sampling, top-k, n > 1, stop ids, min_tokens, EOS on or ignored."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(12):
+        kind = i % 6
+        max_tokens = rng.randint(1, 30)
+        if kind == 0:
+            out.append(SamplingParams(temperature=0, max_tokens=max_tokens))
+        elif kind == 1:
+            out.append(SamplingParams(temperature=1.0, max_tokens=max_tokens))
+        elif kind == 2:
+            out.append(SamplingParams(temperature=0.8, seed=rng.randint(0, 99), max_tokens=max_tokens, n=2))
+        elif kind == 3:
+            out.append(SamplingParams(temperature=1.0, top_k=5, max_tokens=max_tokens, ignore_eos=True,
+                                      stop_token_ids=[VOCAB.index("e"), VOCAB.index("a")]))
+        elif kind == 4:
+            out.append(SamplingParams(temperature=1.0, n=3, max_tokens=max_tokens, min_tokens=min(4, max_tokens)))
+        else:
+            out.append(SamplingParams(temperature=0.7, seed=5, max_tokens=max_tokens, ignore_eos=True))
+    return out
+
+
+@pytest.mark.parametrize("policy", ["prefill_first", "decode_first"])
+def test_mixed_batch_equals_sync_and_overlaps(policy):
+    waves = {0: list(zip(prompts(12, 0), mixed_params(0)))}
+    stats = assert_same(waves, scheduler_policy=policy)
+    assert stats.num_overlapped_steps > stats.num_steps // 2  # most decode steps really ran ahead
+    assert stats.num_discarded_lookaheads == 0
+
+
+@pytest.mark.parametrize("prefix_cache", ["hash", "radix"])
+def test_prefix_cache_and_mid_flight_admissions(prefix_cache):
+    shared = "the quick brown fox jumps "
+    waves = {0: list(zip(prompts(6, 1, shared), mixed_params(1))),
+             9: list(zip(prompts(5, 2, shared), mixed_params(2))),  # admitted while look-aheads are queued
+             10: [(shared + "again", SamplingParams(temperature=0, max_tokens=12, n=2))]}
+    stats = assert_same(waves, prefix_cache=prefix_cache)
+    assert stats.num_cached_tokens > 0 and stats.num_overlapped_steps > 0
+    assert stats.num_discarded_lookaheads >= 1  # the admissions threw a queued look-ahead away
+
+
+def test_aborts_between_steps():
+    waves = {0: list(zip(prompts(8, 3), [SamplingParams(temperature=1.0, max_tokens=40, ignore_eos=True)] * 8))}
+    stats = assert_same(waves, aborts={6: ["0", "3"], 11: ["1", "2", "4", "5", "6"], 14: ["7"]})
+    assert stats.num_overlapped_steps > 0
+
+
+def test_kv_pressure_preempts_like_sync():
+    waves = {0: list(zip(prompts(8, 4), [SamplingParams(temperature=0.9, max_tokens=30, ignore_eos=True)] * 8))}
+    stats = assert_same(waves, num_kv_blocks=28)
+    assert stats.num_preemptions > 0 and stats.num_overlapped_steps > 0
+
+
+def test_requests_that_need_the_host_every_step_run_synchronously():
+    params = [SamplingParams(temperature=0, max_tokens=10, logprobs=2, ignore_eos=True),
+              SamplingParams(temperature=0, max_tokens=10, stop=["zz"], ignore_eos=True)]
+    for p in params:
+        plain = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+        stats = assert_same({0: [("hello", p), ("abc", plain)]})
+        assert stats.num_overlapped_steps == 0
+
+
+def test_generate_equals_sync_and_switch_off():
+    params = mixed_params(5)
+    sync_out = make_llm(False).generate(prompts(12, 5), params, use_tqdm=False)
+    llm = make_llm(True)
+    assert llm.generate(prompts(12, 5), params, use_tqdm=False) == sync_out
+    assert llm.stats().num_overlapped_steps > 0
+    llm.engine.async_scheduling = False  # the switch benchmarks flip
+    before = llm.stats().num_overlapped_steps
+    llm.generate(prompts(4, 6), SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
+    assert llm.stats().num_overlapped_steps == before
+
+
+def test_lookahead_inputs_match_a_fresh_build():
+    """Positions, slots and block tables of every look-ahead step equal a from-scratch computation."""
+    from nanocore.engine.model_runner import block_table_array
+
+    llm = make_llm(True, eos_boost=0.0)
+    runner, bs = llm.engine.runner, llm.engine.block_manager.block_size
+    prepare_decode, checked = runner.prepare_decode, []
+
+    def checking(seqs, token_ids, rows):
+        inputs = prepare_decode(seqs, token_ids, rows)
+        tables = block_table_array([s.block_table for s in seqs])
+        positions = [s.num_tokens for s in seqs]
+        slots = [tables[i, p // bs] * bs + p % bs for i, p in enumerate(positions)]
+        assert (inputs.meta.block_tables.numpy() == tables).all()
+        assert inputs.positions.tolist() == positions and inputs.meta.slot_mapping.tolist() == slots
+        assert inputs.meta.seq_lens.tolist() == [p + 1 for p in positions] and inputs.input_ids.shape == (len(seqs),)
+        checked.append(len(seqs))
+        return inputs
+
+    runner.prepare_decode = checking
+    llm.generate(prompts(6, 7), [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
+                                 for m in (3, 9, 14, 20, 21, 25)], use_tqdm=False)
+    assert len(checked) > 15 and len(set(checked)) > 3  # shrinking batches: look-aheads over row subsets
+
+
+def test_host_overhead_bench_runs_the_async_path(capsys):
+    from nanocore.bench.host_overhead import main
+
+    assert main(["--num-seqs", "8", "--steps", "3", "--repeats", "1", "--prompt-len", "20", "--max-tokens", "8",
+                 "--async-scheduling"]) == 0
+    assert "async=True" in capsys.readouterr().out
