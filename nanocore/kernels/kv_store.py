@@ -7,6 +7,8 @@ or per group of head_dim, symmetric, ``scale = amax * (1 / qmax)`` (1 where amax
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -89,15 +91,23 @@ def store_kv_kernel(
 def _side_args(cache_t: torch.Tensor, scale_t: torch.Tensor | None, granularity: str,
                layout: KVLayout, num_kv_heads: int, head_dim: int) -> dict:
     """Constexprs for K or V: rows are (head, scale group), columns the elements sharing one scale."""
+    if SCALE_CODES[granularity] and scale_t is None:
+        raise ValueError(f"layout has {granularity} scales but the cache has no scale tensor")
+    return _side_constexprs(cache_t.dtype, scale_t.dtype if scale_t is not None else None, granularity,
+                            layout, num_kv_heads, head_dim)
+
+
+@functools.lru_cache(maxsize=64)
+def _side_constexprs(cache_dtype: torch.dtype, scale_dtype: torch.dtype | None, granularity: str,
+                     layout: KVLayout, num_kv_heads: int, head_dim: int) -> dict:
+    """Cached: eager steps call the store once per layer with the same layout (host time, not GPU time)."""
     groups = max(layout.num_scale_groups(granularity, head_dim), 1)
     group_size = head_dim // groups
     code = SCALE_CODES[granularity]
-    if code and scale_t is None:
-        raise ValueError(f"layout has {granularity} scales but the cache has no scale tensor")
     return dict(GROUPS=groups, GROUP_SIZE=group_size, ROWS=triton.next_power_of_2(num_kv_heads * groups),
                 COLS=triton.next_power_of_2(group_size), SCALE=code,
-                QMAX=qmax_of(cache_t.dtype) if code else 1.0, INT=cache_t.dtype == torch.int8,
-                SCALE_MIN=smallest_subnormal(scale_t.dtype) if code else 0.0)
+                QMAX=qmax_of(cache_dtype) if code else 1.0, INT=cache_dtype == torch.int8,
+                SCALE_MIN=smallest_subnormal(scale_dtype) if code else 0.0)
 
 
 def store_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor,
