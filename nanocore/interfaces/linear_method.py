@@ -32,6 +32,12 @@ class LinearMethod(Backend):
     #: Among installed methods loading the same ``quant_method``, ``auto`` picks the highest.
     checkpoint_priority: ClassVar[int] = 0
 
+    @classmethod
+    def checkpoint_priority_for(cls, quantization_config: dict | None) -> int:
+        """``auto``'s preference for a checkpoint with this ``quantization_config`` (one format can hold
+        several schemes, e.g. weight-only or not); the default is ``checkpoint_priority``."""
+        return cls.checkpoint_priority
+
     @abstractmethod
     def create_weights(
         self,

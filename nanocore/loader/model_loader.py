@@ -125,7 +125,7 @@ def resolve_linear_method(name: str, options: dict, hf_config, device: torch.dev
                 f"{entry.cls.quant_method or 'unquantized'!r} checkpoints; use linear_method='auto' or one of "
                 f"{[e.name for e in matching] or 'the plugin for ' + repr(quant) + ' (none installed)'}")
     elif quant is not None:
-        entry = _best_supported(matching, quant, device)
+        entry = _best_supported(matching, quant, device, qc)
     else:
         entry = registry.resolve("linear_method", "unquantized", device)
     options = dict(options)
@@ -161,7 +161,7 @@ def linear_method_factory(entry: BackendEntry, options: dict, hf_config, device:
     return factory
 
 
-def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.device) -> BackendEntry:
+def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.device, qc: dict) -> BackendEntry:
     if not candidates:
         installed = get_registry().names("linear_method")
         raise ValueError(
@@ -172,7 +172,7 @@ def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.de
     if not supported:
         raise ValueError(f"no installed linear method for quant_method {quant!r} runs on {device}: "
                          + "; ".join(f"{n}: {r}" for n, r in reasons.items()))
-    return max(supported, key=lambda e: e.cls.checkpoint_priority)
+    return max(supported, key=lambda e: e.cls.checkpoint_priority_for(qc))
 
 
 def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) -> MoEExecutor | None:

@@ -106,8 +106,7 @@ def test_auto_preference_follows_the_checkpoint_activation_scheme(scheme, expect
 
 
 def test_int8_w8a16_checkpoint_loads_by_name_and_auto(tmp_path):
-    """The checkpoint `nanocore quantize --method int8_w8a16` writes loads with --linear-method int8_w8a16."""
-    import inspect
+    """The checkpoint `nanocore quantize --method int8_w8a16` writes loads by name, and `auto` picks int8_w8a16."""
     import sys
     from pathlib import Path
 
@@ -129,8 +128,6 @@ def test_int8_w8a16_checkpoint_loads_by_name_and_auto(tmp_path):
     got, expected = nanocore_logits(by_name.model, seqs), nanocore_logits(reference.model, seqs)
     assert not torch.equal(got, expected)  # really quantized
     torch.testing.assert_close(got, expected, rtol=0.05, atol=0.05 * float(expected.abs().max()))
-    if "checkpoint_priority_for" not in inspect.getsource(model_loader._best_supported):
-        pytest.skip("the core loader's auto does not consult checkpoint_priority_for yet (issue 6: coordinator)")
     hf_config = type("Cfg", (), {"quantization_config": compressed_tensors_config("none")})()
     entry, _ = model_loader.resolve_linear_method("auto", {}, hf_config, torch.device("cpu"))
     assert entry.name == "int8_w8a16"
