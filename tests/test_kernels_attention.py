@@ -282,9 +282,13 @@ def test_cuda_graph_capture_replays_new_inputs():
     assert ((out.float() - ref.float()).norm() / ref.float().norm()) < 1e-2
 
 
+#: On the GPU the fp16 paths run their bit-trick (``fp16_vw``) and hardware (``fp16_hwcvt_vw``) conversions.
+CUDA_QUANT_PATHS = ["dequant", "fold", "fp16_vw", "fp16_hwcvt_vw"]
+
+
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("path", QUANT_PATHS)
+@pytest.mark.parametrize("path", CUDA_QUANT_PATHS)
 @pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8", "k_int8_g16"])
 @pytest.mark.parametrize("block_size", [16, 32])
 @pytest.mark.parametrize("specs", [[(1, 3000), (1, 70), (1, 1), (1, 4097)], [(200, 700), (1, 40), (64, 64), (0, 9)]])
@@ -298,11 +302,28 @@ def test_cuda_quantized_paths(specs, block_size, name, path):
 
 @pytest.mark.cuda
 @cuda
+@pytest.mark.parametrize("path", ["fold", "fp16_hwcvt_vw"])
 @pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8"])
 @pytest.mark.parametrize("tile", [(32, 4, 2, 0), (64, 4, 3, 0), (128, 4, 2, 0), (128, 8, 2, 0), (128, 4, 3, 0),
-                                  (64, 8, 2, 0), (64, 4, 2, 7), (128, 4, 2, 16)])
-def test_cuda_quantized_decode_tiles(tile, name):
-    """Every tile the microbench times with the new path, split-KV forced too, on long decodes."""
+                                  (64, 8, 2, 0), (64, 4, 2, 7), (128, 4, 2, 16), (64, 2, 2, 0)])
+def test_cuda_quantized_decode_tiles(tile, name, path):
+    """Every tile the microbenches time, split-KV forced too, on long decodes."""
     layout = QUANT_LAYOUTS[name]
     q, cache, meta = make_case([(1, 8192), (1, 3), (1, 5000)], 16, 8, 128, 16, torch.bfloat16, layout=layout)
-    check(q, cache, meta, layout=layout, config=AttentionConfig(16, *tile, quant_path="fold"))
+    check(q, cache, meta, layout=layout, config=AttentionConfig(16, *tile, quant_path=path))
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8"])
+def test_cuda_fp16_path_is_at_least_as_accurate_as_fold(name):
+    """fp16 keeps 3 more mantissa bits than bf16 for the probabilities: its error must not be larger."""
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case([(1, 4000), (1, 900), (1, 33)], 16, 8, 128, 16, torch.bfloat16, layout=layout)
+    ref = paged_attention_reference(q, q, q, cache, meta, 0.088).float()
+    errs = {}
+    for path in ("fold", "fp16_hwcvt_vw", "fp16_vw"):
+        out = paged_attention(q, q, q, cache, meta, 0.088, layout=layout,
+                              config=AttentionConfig(16, 128, 4, 2, quant_path=path)).float()
+        errs[path] = ((out - ref).norm() / ref.norm()).item()
+    assert errs["fp16_hwcvt_vw"] <= errs["fold"] * 1.1 and errs["fp16_vw"] <= errs["fold"] * 1.1, errs

@@ -6,8 +6,8 @@
 - decode: one token per sequence over a paged cache (default 64 x 4096); bytes = K + V read once.
 - store: the fused KV store for a prefill's worth of tokens.
 With ``--tune`` each kernel is also timed over a grid of tile configs. ``--quant-only`` times just decode
-at 64 x 4096 over bf16 / int8 / fp8_e4m3 / k_int8_v_fp8 caches, the old ("dequant") against the new
-("fold") quantized path and a few tiles, in well under a minute.
+at 64 x 4096 over bf16 / int8 / fp8_e4m3 / k_int8_v_fp8 caches, the "dequant", "fold" and default (fp16)
+quantized paths and a few tiles, in well under a minute (``attention_quant_tune.py`` is the full sweep).
 """
 from __future__ import annotations
 
@@ -182,13 +182,14 @@ def quant_variants(name, layout, group, d):
     if layout is None:
         return [("bf16", old)]
     tiles = [(old.block_n, old.num_warps, old.num_stages), pa.NARROW_DECODE_TILE] + QUANT_TILES
-    paths = ["dequant", "fold"] + (["fold_kdeq"] if layout.k_scale == "group" else [])
+    new = pa.default_quant_path()
+    paths = ["dequant", "fold", new] + (["fold_kdeq"] if layout.k_scale == "group" else [])
     out = [(path, AttentionConfig(old.block_m, *tiles[0], quant_path=path)) for path in paths]
     seen = {tiles[0]}
     for tile in tiles[1:]:
         if tile not in seen:
             seen.add(tile)
-            out.append(("fold", AttentionConfig(old.block_m, *tile, quant_path="fold")))
+            out += [(path, AttentionConfig(old.block_m, *tile, quant_path=path)) for path in ("fold", new)]
     return out
 
 
@@ -230,7 +231,7 @@ def quant_decode(args, results, bandwidth):
                      "rel_diff_vs_dequant": ((out - ref).norm() / ref.norm()).item()})
     rows.sort(key=lambda r: list(QUANT_LAYOUTS).index(r["case"]))
     results["quant_decode"] = {"heads": hq, "kv_heads": hkv, "head_dim": d, "default_quant_path":
-                               pa.DEFAULT_QUANT_PATH, "narrow_decode_tile": pa.NARROW_DECODE_TILE, "runs": rows}
+                               pa.default_quant_path(), "narrow_decode_tile": pa.NARROW_DECODE_TILE, "runs": rows}
 
 
 def print_quant(results):
