@@ -132,8 +132,8 @@ def build_sampling_tensors(seqs: list[Sequence], eos_token_ids: list[int],
     """The per-row parameters (one packed upload) and, for rows with min_tokens, the ids they may ban."""
     params = [s.sampling_params for s in seqs]
     temperatures = [p.temperature for p in params]
-    packed = torch.tensor([temperatures, [p.top_k for p in params], [p.top_p for p in params],
-                           [p.min_p for p in params]], dtype=torch.float64).to(device)  # float64: top_k stays exact
+    packed = upload(np.array([temperatures, [p.top_k for p in params], [p.top_p for p in params],
+                              [p.min_p for p in params]], dtype=np.float64), device)  # float64: top_k stays exact
     min_tokens_rows = []
     for row, (seq, p) in enumerate(zip(seqs, params)):
         if p.min_tokens > 0:
@@ -299,8 +299,8 @@ class ModelRunner:
                 banned_ids += ids
         if not banned_rows:
             return base
-        tensor = lambda values: torch.tensor(values, dtype=torch.int64, device=self.device)  # noqa: E731
-        return dataclasses.replace(base, banned=(tensor(banned_rows), tensor(banned_ids)))
+        rows, ids = upload(np.array([banned_rows, banned_ids], dtype=np.int64), self.device)
+        return dataclasses.replace(base, banned=(rows, ids))
 
     # ---- execution -----------------------------------------------------------------------
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
