@@ -14,13 +14,13 @@ import torch
 
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.kernels.quant_gemm import gemm_input_rows
-from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, add_param, check_all_loaded, check_dtype,
-                                  config_option, mark_loaded, quantize_checkpoint_linears, quantize_fp8_per_row)
+from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, config_option, quantize_checkpoint_linears,
+                                  quantize_fp8_per_row)
+from nanocore.quant_weights import ChannelScaledWeights
 from nanocore_cutlass import build
 from nanocore_cutlass.twin import fp8_linear_twin
 
 _OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
-_SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 #: TMA needs 16-byte aligned rows: K % 16 for fp8 operands, N % 8 for the 16-bit output; weights are padded once.
 K_ALIGN, N_ALIGN = 16, 8
 _WHAT = "cutlass (CUTLASS sm_90a FP8 kernel)"
@@ -66,35 +66,11 @@ class CutlassFp8LinearMethod(LinearMethod):
                        output_size, params_dtype, weight_loader):
         self.input_size = input_size_per_partition
         self.output_size = sum(output_partition_sizes)
-        self.partition_sizes = list(output_partition_sizes)
-        self.per_tensor_scales: dict[int, float] = {}
-        add_param(layer, "weight", (self.output_size, input_size_per_partition), FP8_DTYPE, weight_loader,
-                  self.name, full_input=input_size, output_dim=0, input_dim=1)
-        scale = add_param(layer, "weight_scale", (self.output_size, 1), torch.float32, weight_loader, self.name,
-                          output_dim=0)
-        scale.weight_loader = self._scale_loader(layer, scale.weight_loader)
-        if self.activation_scheme == "static":
-            add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
-
-    def _scale_loader(self, layer, loader):
-        def load(param, loaded, *args, **kwargs):
-            check_dtype(loaded, param.dtype, "weight_scale", self.name)
-            if loaded.numel() == 1:  # a per-tensor scale: spread over this shard's rows after loading
-                shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
-                index = 0 if shard_id is None else _SHARD_INDEX.get(shard_id, shard_id)
-                self.per_tensor_scales[int(index)] = float(loaded)
-                mark_loaded(layer, "weight_scale")
-                return None
-            return loader(param, loaded.reshape(-1, 1), *args, **kwargs)
-        return load
+        self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.activation_scheme == "static")
+        self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     def process_weights_after_loading(self, layer):
-        names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
-        check_all_loaded(layer, names, self.name)
-        if self.per_tensor_scales:
-            rows = torch.tensor(self.partition_sizes)
-            values = torch.tensor([self.per_tensor_scales.get(i, 1.0) for i in range(len(rows))])
-            layer.weight_scale.data.copy_(values.repeat_interleave(rows).view(-1, 1))
+        self.weights.finish(layer)
         if self._uses_cutlass(layer.weight.device):
             self._prepare_cutlass(layer)  # compile now, never inside a forward or a CUDA-graph capture
 
@@ -146,11 +122,6 @@ class CutlassFp8LinearMethod(LinearMethod):
         out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_fp8_per_row,
                                           FP8_MAX)
         return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
-
-
-def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
-    """Static input scales of merged q/k/v or gate/up shards: keep the largest (one scale per input)."""
-    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
 
 
 def _pad_for_tma(layer: torch.nn.Module) -> None:

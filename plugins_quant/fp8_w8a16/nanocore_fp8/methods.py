@@ -13,13 +13,12 @@ import torch
 
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, add_param, check_all_loaded, check_dtype,
-                                  config_option, mark_loaded, quantize_checkpoint_linears, quantize_fp8,
-                                  quantize_fp8_per_row, quantize_fp8_weight)
+from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, config_option, quantize_checkpoint_linears,
+                                  quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight)
+from nanocore.quant_weights import ChannelScaledWeights
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
 
 _OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
-_SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 FP8_SCALE_METHODS = ("search", "absmax")
 
 
@@ -47,35 +46,11 @@ class _Fp8Base(LinearMethod):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, weight_loader):
-        n = sum(output_partition_sizes)
-        self.partition_sizes = list(output_partition_sizes)
-        self.per_tensor_scales: dict[int, float] = {}
-        add_param(layer, "weight", (n, input_size_per_partition), FP8_DTYPE, weight_loader, self.name,
-                  full_input=input_size, output_dim=0, input_dim=1)
-        scale = add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.name, output_dim=0)
-        scale.weight_loader = self._scale_loader(layer, scale.weight_loader)
-        if self.activation_scheme == "static":
-            add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
-
-    def _scale_loader(self, layer, loader):
-        def load(param, loaded, *args, **kwargs):
-            check_dtype(loaded, param.dtype, "weight_scale", self.name)
-            if loaded.numel() == 1:  # a per-tensor scale: spread over this shard's rows after loading
-                shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
-                index = 0 if shard_id is None else _SHARD_INDEX.get(shard_id, shard_id)
-                self.per_tensor_scales[int(index)] = float(loaded)
-                mark_loaded(layer, "weight_scale")
-                return None
-            return loader(param, loaded.reshape(-1, 1), *args, **kwargs)
-        return load
+        self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.activation_scheme == "static")
+        self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     def process_weights_after_loading(self, layer):
-        names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
-        check_all_loaded(layer, names, self.name)
-        if self.per_tensor_scales:
-            rows = torch.tensor(self.partition_sizes)
-            values = torch.tensor([self.per_tensor_scales.get(i, 1.0) for i in range(len(rows))])
-            layer.weight_scale.data.copy_(values.repeat_interleave(rows).view(-1, 1))
+        self.weights.finish(layer)
 
     def _use_triton(self, x: torch.Tensor) -> bool:
         if self.kernel == "torch":
@@ -96,11 +71,6 @@ class _Fp8Base(LinearMethod):
         out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_weight,
                                           FP8_MAX, with_inputs=True)
         return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
-
-
-def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
-    """Static input scales of merged q/k/v or gate/up shards: keep the largest (one scale per input)."""
-    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
 
 
 class Fp8W8A16LinearMethod(_Fp8Base):

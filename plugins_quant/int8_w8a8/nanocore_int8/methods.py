@@ -14,8 +14,8 @@ import torch
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.kernels.quant_gemm import DECODE_MAX_M, int8_scaled_linear, weight_only_linear, weight_only_linear_torch
-from nanocore.quant_utils import (INT8_MAX, CheckpointFormatError, add_param, check_all_loaded,
-                                  quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row)
+from nanocore.quant_utils import INT8_MAX, CheckpointFormatError, quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row
+from nanocore.quant_weights import ChannelScaledWeights
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
 
 _OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict}
@@ -23,11 +23,6 @@ _OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict
 _INT_MM_MIN_M = 17
 #: Added to ``checkpoint_priority`` for the method whose activation scheme is the checkpoint's.
 _SCHEME_MATCH_BONUS = 2
-
-
-def _max_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
-    """Static input scales of merged q/k/v or gate/up shards: keep the largest (one scale per input)."""
-    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
 
 
 def _int_gemm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -66,12 +61,10 @@ class _Int8Base(LinearMethod):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, weight_loader):
-        n = sum(output_partition_sizes)
-        add_param(layer, "weight", (n, input_size_per_partition), torch.int8, weight_loader, self.name,
-                  full_input=input_size, output_dim=0, input_dim=1)
-        add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.name, output_dim=0)
-        if self.activation_scheme == "static":
-            add_param(layer, "input_scale", (1,), torch.float32, _max_loader, self.name, fill=0.0)
+        # per-channel int8 checkpoints only (compressed-tensors "channel" strategy): no per-tensor spreading
+        self.weights = ChannelScaledWeights(self.name, torch.int8, self.activation_scheme == "static",
+                                            per_tensor_scales=False)
+        self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     @classmethod
     def checkpoint_priority_for(cls, quantization_config: dict[str, Any] | None) -> int:
@@ -81,8 +74,7 @@ class _Int8Base(LinearMethod):
         return cls.checkpoint_priority + (_SCHEME_MATCH_BONUS if matches else 0)
 
     def process_weights_after_loading(self, layer):
-        names = ["weight", "weight_scale"] + (["input_scale"] if self.activation_scheme == "static" else [])
-        check_all_loaded(layer, names, self.name)
+        self.weights.finish(layer)
 
     def _triton_usable(self, x: torch.Tensor) -> bool:
         usable = x.is_cuda and self.kernel != "torch" and triton_reason(x.device, self.name) is None

@@ -1,0 +1,67 @@
+"""Per-output-channel quantized weights as the fp8 / int8 / cutlass plugins load them: one set of loading rules.
+
+``weight [N, K]`` (fp8 or int8) with a float32 ``weight_scale [N, 1]``, plus a scalar ``input_scale`` when
+activations use a static scale. Checkpoints that store one scale per tensor (a scalar per merged q/k/v or
+gate/up shard) get it spread over that shard's rows after loading; static input scales of merged shards
+keep the largest, since the merged layer quantizes its one input once.
+"""
+from __future__ import annotations
+
+import torch
+
+from nanocore.quant_utils import add_param, check_all_loaded, check_dtype, mark_loaded
+
+_SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
+
+
+def max_scale_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> None:
+    """Static input scales of merged shards: keep the largest (one scale per input)."""
+    param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
+
+
+class ChannelScaledWeights:
+    """Creates and finishes a layer's ``weight`` / ``weight_scale`` (/ ``input_scale``) for one method."""
+
+    def __init__(self, method: str, weight_dtype: torch.dtype, static_input_scale: bool,
+                 per_tensor_scales: bool = True):
+        self.method, self.weight_dtype = method, weight_dtype
+        self.static_input_scale = static_input_scale
+        self.accepts_per_tensor = per_tensor_scales
+        self.partition_sizes: list[int] = []
+        self.per_tensor_scales: dict[int, float] = {}  # shard index -> the checkpoint's scalar scale
+
+    @property
+    def names(self) -> list[str]:
+        return ["weight", "weight_scale"] + (["input_scale"] if self.static_input_scale else [])
+
+    def create(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
+               input_size: int, weight_loader) -> None:
+        n = sum(output_partition_sizes)
+        self.partition_sizes = list(output_partition_sizes)
+        add_param(layer, "weight", (n, input_size_per_partition), self.weight_dtype, weight_loader, self.method,
+                  full_input=input_size, output_dim=0, input_dim=1)
+        scale = add_param(layer, "weight_scale", (n, 1), torch.float32, weight_loader, self.method, output_dim=0)
+        if self.accepts_per_tensor:
+            scale.weight_loader = self._scale_loader(layer, scale.weight_loader)
+        if self.static_input_scale:
+            add_param(layer, "input_scale", (1,), torch.float32, max_scale_loader, self.method, fill=0.0)
+
+    def _scale_loader(self, layer: torch.nn.Module, loader):
+        def load(param, loaded, *args, **kwargs):
+            check_dtype(loaded, param.dtype, "weight_scale", self.method)
+            if loaded.numel() == 1:  # a per-tensor scale: spread over this shard's rows in finish()
+                shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
+                index = 0 if shard_id is None else _SHARD_INDEX.get(shard_id, shard_id)
+                self.per_tensor_scales[int(index)] = float(loaded)
+                mark_loaded(layer, "weight_scale")
+                return None
+            return loader(param, loaded.reshape(-1, 1), *args, **kwargs)
+        return load
+
+    def finish(self, layer: torch.nn.Module) -> None:
+        """After loading: every tensor present, per-tensor scales written out per row."""
+        check_all_loaded(layer, self.names, self.method)
+        if self.per_tensor_scales:
+            rows = torch.tensor(self.partition_sizes)
+            values = torch.tensor([self.per_tensor_scales.get(i, 1.0) for i in range(len(rows))])
+            layer.weight_scale.data.copy_(values.repeat_interleave(rows).view(-1, 1))
