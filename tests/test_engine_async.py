@@ -186,3 +186,24 @@ def test_host_overhead_bench_runs_the_async_path(capsys):
     assert main(["--num-seqs", "8", "--steps", "3", "--repeats", "1", "--prompt-len", "20", "--max-tokens", "8",
                  "--async-scheduling"]) == 0
     assert "async=True" in capsys.readouterr().out
+
+
+def test_admissions_under_kv_pressure_see_the_sync_free_blocks():
+    """Arrivals while look-aheads hold blocks: undoing them keeps admission steps (and so outputs) exact."""
+    rng = random.Random(8)
+    waves = {step: [(p, SamplingParams(temperature=1.0, max_tokens=rng.randint(6, 20), ignore_eos=True))]
+             for step, p in zip(range(0, 60, 3), prompts(20, 8, "xy"))}
+    stats = assert_same(waves, num_kv_blocks=18)
+    assert stats.num_discarded_lookaheads > 0 and stats.num_overlapped_steps > 0
+
+
+def test_cli_flag_switches_async_scheduling():
+    import argparse
+
+    from nanocore.cli.common import add_engine_args, engine_config_from_args
+
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    flags = {(): True, ("--no-async-scheduling",): False, ("--async-scheduling",): True}
+    for extra, expected in flags.items():
+        assert engine_config_from_args(parser.parse_args(["--device", "cpu", *extra])).async_scheduling is expected
