@@ -207,3 +207,32 @@ def test_cli_flag_switches_async_scheduling():
     flags = {(): True, ("--no-async-scheduling",): False, ("--async-scheduling",): True}
     for extra, expected in flags.items():
         assert engine_config_from_args(parser.parse_args(["--device", "cpu", *extra])).async_scheduling is expected
+
+
+@pytest.mark.cuda
+def test_cuda_graph_async_equals_sync(tmp_path):
+    """On the GPU: pinned uploads, the event-guarded id copy and graph replays of look-ahead steps."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    from model_fixtures import make_checkpoint
+
+    ckpt = make_checkpoint(tmp_path / "llama", "llama", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=512, num_hidden_layers=3)
+    rng = random.Random(9)
+    token_prompts = [[rng.randrange(1, 500) for _ in range(rng.randint(3, 40))] for _ in range(20)]
+    stop_ids = rng.sample(range(512), 12)  # sampled rows end at scattered steps: wasted look-ahead rows
+    kinds = [dict(temperature=0), dict(temperature=0.9), dict(temperature=0.9, seed=3, n=2),
+             dict(temperature=1.0, stop_token_ids=stop_ids)]
+    params = [SamplingParams(max_tokens=rng.randint(4, 60), ignore_eos=True, **kinds[i % 4]) for i in range(20)]
+    outs, stats = {}, {}
+    for mode in (False, True):
+        llm = LLM(str(ckpt), device="cuda", dtype="float32", max_num_seqs=32, num_kv_blocks=256,
+                  async_scheduling=mode)
+        assert llm.engine.runner.decode_graphs is not None
+        outs[mode] = [[(c.token_ids, c.finish_reason) for c in o.outputs]
+                      for o in llm.generate(token_prompts, params, use_tqdm=False)]
+        stats[mode] = llm.stats()
+        del llm
+    assert outs[True] == outs[False]
+    assert stats[True].num_overlapped_steps > stats[True].num_steps // 2
+    assert any(f == "stop" for o in outs[True] for _, f in o)
