@@ -5,8 +5,9 @@
 The phase timers serialise host and GPU (run synchronously): they say which phase to work on. The
 ``wall_*_ms`` columns time plain decode steps without timers, synchronous and with async scheduling
 (the next step's forward queued while the host post-processes), which is what throughput sees.
-``--out-dir DIR`` (GPU machine, ~6 min) runs the async-scheduling suite: async == sync outputs, this
-profile, and ``bench throughput`` with async scheduling on and off; JSON per part in DIR.
+``--out-dir DIR`` (GPU machine, ~6 min) runs the async-scheduling suite: the engine tests, async == sync
+outputs on the model, this profile, and ``bench throughput`` with async scheduling on and off; JSON per
+part in DIR.
 """
 from __future__ import annotations
 
@@ -165,7 +166,8 @@ def run_suite(out_dir: Path, args) -> int:
         summary[name] = {k: v for k, v in result.items() if k not in ("traceback", "rows", "mismatches")}
         print(f"[{name}] {json.dumps(summary[name], default=str)[:600]}", flush=True)
 
-    for flag in ("--no-async-scheduling", "--async-scheduling"):  # first: they need the GPU memory to themselves
+    part("pytest", lambda: pytest_part(["tests/test_engine_async.py", "tests/test_gpu_engine.py"]))
+    for flag in ("--no-async-scheduling", "--async-scheduling"):  # before the in-process LLM takes the GPU memory
         name = "throughput_" + ("sync" if flag.startswith("--no") else "async")
         part(name, lambda flag=flag, name=name: throughput(out_dir / f"{name}_bench.json", flag, args))
     holder = {}
@@ -183,6 +185,15 @@ def run_suite(out_dir: Path, args) -> int:
     (out_dir / "summary.json").write_text(json.dumps({"summary": summary, "environment": environment(args.device)},
                                                      indent=1, default=str))
     return 1 if failed else 0
+
+
+def pytest_part(paths: list[str]) -> dict:
+    """The engine tests (CPU ones and the cuda-marked ones) in a child process; its last lines."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
+                          capture_output=True, text=True, timeout=300)
+    if proc.returncode:
+        raise RuntimeError(f"pytest exit {proc.returncode}: {proc.stdout[-3000:]}")
+    return {"passed": True, "tail": proc.stdout.strip().splitlines()[-1]}
 
 
 def throughput(path: Path, flag: str, args) -> dict:
