@@ -153,7 +153,7 @@ QUANT_LAYOUTS = {
     "k_int8_v_fp8": KVLayout(I8, F8, "group", "token_head", group_size=32, scale_dtype=torch.float16),
     "fp8_noscale": KVLayout(F8, F8),
 }
-QUANT_PATHS = ["dequant", "fold", "fold_kdeq", "fp16", "fp16_vw"]
+QUANT_PATHS = ["dequant", "fold", "fold_kdeq", "fp16", "fp16_vw", "fp16_kvw"]
 
 
 @pytest.mark.parametrize("path", QUANT_PATHS)
@@ -302,12 +302,15 @@ def test_cuda_quantized_paths(specs, block_size, name, path):
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("path", ["fold", "fp16_hwcvt_vw"])
+FOLD_TILES = [(32, 4, 2, 0), (64, 4, 3, 0), (128, 4, 2, 0), (128, 8, 2, 0), (128, 4, 3, 0), (64, 8, 2, 0),
+              (64, 4, 2, 7), (128, 4, 2, 16)]
+FP16_TILES = [(128, 4, 2, 0), (64, 2, 2, 0), (64, 4, 2, 7), (32, 4, 2, 16)]  # attention_quant_tune checks the rest
+
+
+@pytest.mark.parametrize("path,tile", [("fold", t) for t in FOLD_TILES] + [("fp16_hwcvt_vw", t) for t in FP16_TILES])
 @pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8"])
-@pytest.mark.parametrize("tile", [(32, 4, 2, 0), (64, 4, 3, 0), (128, 4, 2, 0), (128, 8, 2, 0), (128, 4, 3, 0),
-                                  (64, 8, 2, 0), (64, 4, 2, 7), (128, 4, 2, 16), (64, 2, 2, 0)])
 def test_cuda_quantized_decode_tiles(tile, name, path):
-    """Every tile the microbenches time, split-KV forced too, on long decodes."""
+    """Tiles the microbenches time, split-KV forced too, on long decodes."""
     layout = QUANT_LAYOUTS[name]
     q, cache, meta = make_case([(1, 8192), (1, 3), (1, 5000)], 16, 8, 128, 16, torch.bfloat16, layout=layout)
     check(q, cache, meta, layout=layout, config=AttentionConfig(16, *tile, quant_path=path))

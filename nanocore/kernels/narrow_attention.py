@@ -11,6 +11,7 @@ and the reference for the bit tricks); 2 converts fp8 with the hardware's e4m3x2
 """
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -139,14 +140,14 @@ def _words_to_f16(w, IS_INT8: tl.constexpr, CVT: tl.constexpr):
 
 @triton.jit
 def load_words_f16(words_ptr, slot, kvh, stride_t, stride_h, kv_ok, IS_INT8: tl.constexpr, CVT: tl.constexpr,
-                   BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+                   BLOCK_N: tl.constexpr, COL0: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
                    MASKED: tl.constexpr):
-    """A one-byte ``[BLOCK_N, HEAD_DIM_PAD]`` tile read as int32 words and converted to fp16 in registers,
-    so it reaches shared memory (for the transposing operand load of ``P . V``) as fp16, not bytes."""
-    w = _load_rows(words_ptr, slot, kvh, tl.arange(0, HEAD_DIM_PAD // 4), stride_t, stride_h, kv_ok,
-                   MASKED, HEAD_DIM != HEAD_DIM_PAD, HEAD_DIM // 4)
+    """Columns ``COL0 .. COL0 + WIDTH`` of a one-byte tile, read as int32 words and converted to fp16 in
+    registers, so the tile reaches shared memory (for the dot's operand loads) as fp16, not bytes."""
+    w = _load_rows(words_ptr, slot, kvh, COL0 // 4 + tl.arange(0, WIDTH // 4), stride_t, stride_h, kv_ok,
+                   MASKED, COL0 + WIDTH > HEAD_DIM, HEAD_DIM // 4)
     b0, b1, b2, b3 = _words_to_f16(w, IS_INT8, CVT)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BLOCK_N, HEAD_DIM_PAD])
+    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BLOCK_N, WIDTH])
 
 
 @triton.jit
@@ -210,7 +211,7 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
                   K_INT8: tl.constexpr, K_UNIT: tl.constexpr, KS_ROW: tl.constexpr, KS_HALVES: tl.constexpr,
                   KS_NUM_PAD: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  D_MASKED: tl.constexpr, CVT: tl.constexpr):
+                  D_MASKED: tl.constexpr, CVT: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """Scores in log2 units ``[BLOCK_M, BLOCK_N]`` (fp32) of the fp16 queries against a one-byte K tile."""
     if K_SCALE == 2:  # group scales: one dot per group of head_dim, scaled per score column
         NUM_G: tl.constexpr = HEAD_DIM // K_GROUP
@@ -221,13 +222,21 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
         for g in tl.static_range(NUM_G):
             qg = tl.load(q_ptr + q_off[:, None] + (g * K_GROUP + e)[None, :], mask=row_ok[:, None], other=0.0)
             qg = (qg.to(tl.float32) * scale_log2).to(tl.float16)  # L1-resident re-read, cheaper than registers
-            kg = narrow_to_f16(_load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
-                                          MASKED, False, HEAD_DIM), K_INT8, CVT)
+            if WORDS == 2:
+                kg = load_words_f16(k_ptr, slot, kvh, stride_kt, stride_kh, kv_ok, K_INT8, CVT, BLOCK_N,
+                                    g * K_GROUP, K_GROUP, HEAD_DIM, MASKED)
+            else:
+                kg = narrow_to_f16(_load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
+                                              MASKED, False, HEAD_DIM), K_INT8, CVT)
             ksg = tl.sum(tl.where(gcol[None, :] == g, ks, 0.0), 1)
             s += tl.dot(qg, tl.trans(kg)) * ksg[None, :]
     else:
-        k = narrow_to_f16(_load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED, HEAD_DIM),
-                          K_INT8, CVT)
+        if WORDS == 2:
+            k = load_words_f16(k_ptr, slot, kvh, stride_kt, stride_kh, kv_ok, K_INT8, CVT, BLOCK_N, 0,
+                               HEAD_DIM_PAD, HEAD_DIM, MASKED)
+        else:
+            k = narrow_to_f16(_load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED,
+                                         HEAD_DIM), K_INT8, CVT)
         s = tl.dot(q16, tl.trans(k))
         if K_SCALE == 1:
             s = s * (head_scale(ks_ptr, slot, kvh, kv_ok, KS_ROW, KS_HALVES, MASKED) * K_UNIT)[None, :]
@@ -240,12 +249,12 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
 def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
               V_SCALE: tl.constexpr, V_INT8: tl.constexpr, V_UNIT: tl.constexpr, VS_ROW: tl.constexpr,
               VS_HALVES: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr,
-              CVT: tl.constexpr, V_WORDS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+              CVT: tl.constexpr, WORDS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """``P . V`` (fp32 ``[BLOCK_M, HEAD_DIM_PAD]``) for fp32 probabilities ``p`` and a one-byte V tile;
-    ``V_WORDS``: ``v_ptr`` is the cache viewed as int32 (strides in words), see ``load_words_f16``."""
-    if V_WORDS:
-        v = load_words_f16(v_ptr, slot, kvh, stride_vt, stride_vh, kv_ok, V_INT8, CVT, BLOCK_N, HEAD_DIM,
-                           HEAD_DIM_PAD, MASKED)
+    ``WORDS`` >= 1: ``v_ptr`` is the cache viewed as int32 (strides in words), see ``load_words_f16``."""
+    if WORDS >= 1:
+        v = load_words_f16(v_ptr, slot, kvh, stride_vt, stride_vh, kv_ok, V_INT8, CVT, BLOCK_N, 0, HEAD_DIM_PAD,
+                           HEAD_DIM, MASKED)
     else:
         v = narrow_to_f16(_load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED,
                                      HEAD_DIM), V_INT8, CVT)
@@ -264,12 +273,18 @@ def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
 _NARROW_DTYPES = (torch.int8, torch.float8_e4m3fn)
 
 
+@functools.lru_cache(maxsize=None)
+def _has_fp8_cvt(device_index: int) -> bool:
+    """``cvt.rn.f16x2.e4m3x2`` exists from sm_89; older GPUs take the bit-trick conversion."""
+    return torch.cuda.get_device_capability(device_index) >= (8, 9)
+
+
 def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int, int], k_group: int,
                  head_dim: int) -> dict:
     """Constexprs of the fp16 path for ``paged_attention_kernel`` (``NARROW`` False where ``path`` or the
     layout does not allow it: then the kernel takes the "fold" path)."""
     off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
-               KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1, V_WORDS=False)
+               KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1, WORDS=0)
     k_groups = head_dim // k_group if codes[0] == 2 else 1
     ok = (path.startswith("fp16") and q.dtype in (torch.float16, torch.bfloat16)
           and k.dtype in _NARROW_DTYPES and v.dtype in _NARROW_DTYPES and codes[1] in (0, 1)
@@ -281,7 +296,10 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     if not ok:
         return off
     interpret = os.environ.get("TRITON_INTERPRET") == "1" or not q.is_cuda
-    cvt = 0 if interpret else (2 if "hwcvt" in path else 1)
+    # "_vw": V as int32 words, "_kvw": K too (head_dim and K's scale groups in whole words)
+    words = {"_vw": 1, "_kvw": 2}.get(path[path.rfind("_"):], 0) if head_dim % 4 == 0 else 0
+    words = 1 if words == 2 and codes[0] == 2 and k_group % 4 else words
+    cvt = 0 if interpret else (2 if "hwcvt" in path and _has_fp8_cvt(q.device.index or 0) else 1)
     unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
     # 2-byte scales travel as int32 words (pairs of heads, or pairs of groups of one head)
     k_halves = (codes[0] != 0 and ks.element_size() == 2 and ks.stride(0) % 2 == 0
@@ -292,4 +310,4 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     return dict(NARROW=True, CVT=cvt, K_INT8=k.dtype == torch.int8, V_INT8=v.dtype == torch.int8,
                 K_UNIT=unit[k.dtype], V_UNIT=unit[v.dtype], KS_ROW=ks_row, VS_ROW=vs_row,
                 KS_HALVES=k_halves, VS_HALVES=v_halves,
-                KS_NUM_PAD=triton.next_power_of_2(k_groups), V_WORDS=path.endswith("_vw") and head_dim % 4 == 0)
+                KS_NUM_PAD=triton.next_power_of_2(k_groups), WORDS=words)

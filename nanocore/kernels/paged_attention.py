@@ -32,8 +32,9 @@ SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 #: "fp16" / "fp16_hwcvt": one-byte K and V are converted to fp16 with bit tricks (fp8 by the hardware's
 #: e4m3x2 -> f16x2 instruction with "_hwcvt") and both dots run in fp16, scales folded
 #: (``narrow_attention``); layouts it does not cover (wider elements, fp32 queries, groups under 16) use "fold".
-#: "_vw": V is read as int32 words and converted in registers before it reaches shared memory.
-QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw")
+#: "_vw": V is read as int32 words and converted in registers before it reaches shared memory; "_kvw": K too.
+QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw", "fp16_hwcvt_kvw",
+               "fp16_kvw")
 #: Default path; ``NANOCORE_ATTN_QUANT_PATH`` overrides it (one of ``QUANT_PATHS``) for A/B runs of the engine.
 #: "fp16_hwcvt_vw" was chosen from the sm_90 SASS (ptxas via Triton 3.6, 64 x 4K decode shapes, block_n 128,
 #: 4 warps): 150 registers (3 programs per SM; "fold" int8 255 / fp8 186: 2 per SM), 34 / 28 / 34 warp
@@ -109,7 +110,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
                  FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
                  K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
                  KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-                 KS_NUM_PAD: tl.constexpr, V_WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                 KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """One online-softmax step (fp32 statistics) over KV positions ``tile*BLOCK_N ...``.
 
     ``FOLD``: per-(token, head) scales are applied outside the dots (K's to the score columns, V's to
@@ -130,7 +131,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
     if NARROW:
         s = narrow_scores(q, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_ptr, ks_ptr, stride_kt,
                           stride_kh, BLOCK_M, BLOCK_N, K_SCALE, K_GROUP, K_INT8, K_UNIT, KS_ROW, KS_HALVES,
-                          KS_NUM_PAD, MASKED, HEAD_DIM, D_MASKED, CVT)
+                          KS_NUM_PAD, MASKED, HEAD_DIM, D_MASKED, CVT, WORDS, HEAD_DIM_PAD)
     elif K_SPLIT:  # S = sum_g (q[:, g] . K[:, g]^T) * ks[token, g]; the q slices are re-read (L1-resident)
         s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         e = tl.arange(0, K_GROUP)
@@ -158,7 +159,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_sta
     l_i = l_i * alpha + tl.sum(p, 1)
     if NARROW:
         pv = narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh, V_SCALE, V_INT8, V_UNIT,
-                       VS_ROW, VS_HALVES, MASKED, HEAD_DIM, D_MASKED, CVT, V_WORDS, BLOCK_N, HEAD_DIM_PAD)
+                       VS_ROW, VS_HALVES, MASKED, HEAD_DIM, D_MASKED, CVT, WORDS, BLOCK_N, HEAD_DIM_PAD)
     elif FOLD and V_SCALE == 1:  # acc += (P * vs[token]) . V
         v = _load_raw(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
         vsc = _row_scale(vs_ptr, slot, kvh, vs_stride_t, vs_stride_h, kv_ok, MASKED)
@@ -185,7 +186,7 @@ def paged_attention_kernel(
     FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-    KS_NUM_PAD: tl.constexpr, V_WORDS: tl.constexpr,
+    KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr,
 ):
     pid = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -233,7 +234,7 @@ def paged_attention_kernel(
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
             K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT,
             NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES, VS_HALVES, KS_NUM_PAD,
-            V_WORDS, HEAD_DIM_PAD)
+            WORDS, HEAD_DIM_PAD)
     for tile in range(t_full, t_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, q_pos, seq, q_start, seq_len, kvh, d,
@@ -242,7 +243,7 @@ def paged_attention_kernel(
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED,
             K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED, DOT_PRECISION, FOLD, K_SPLIT,
             NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES, VS_HALVES, KS_NUM_PAD,
-            V_WORDS, HEAD_DIM_PAD)
+            WORDS, HEAD_DIM_PAD)
 
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     if SPLIT:  # partials: unnormalised acc, running max and sum, merged by _merge_splits_kernel
@@ -385,7 +386,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
     cfg = config or default_config(meta.max_query_len, group, head_dim, kv_itemsize,
                                    k_grouped=codes[0] == SCALE_CODES["group"], quant_path=path)
     narrow = narrow_constexprs(path, q, k, v, ks, vs, codes, groups[0], head_dim)
-    v_arg = v.view(torch.int32) if narrow["V_WORDS"] else v  # strides below are then in words
+    v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
+    k = k.view(torch.int32) if narrow["WORDS"] == 2 else k
     scale_strides = (ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1))
     ks = ks.reshape(-1).view(torch.int32) if narrow["KS_HALVES"] else ks
     vs = vs.reshape(-1).view(torch.int32) if narrow["VS_HALVES"] else vs
