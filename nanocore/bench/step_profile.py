@@ -5,7 +5,7 @@
 The phase timers serialise host and GPU (run synchronously): they say which phase to work on. The
 ``wall_*_ms`` columns time plain decode steps without timers, synchronous and with async scheduling
 (the next step's forward queued while the host post-processes), which is what throughput sees.
-``--out-dir DIR`` (GPU machine, ~6 min) runs the async-scheduling suite: the engine tests, async == sync
+``--out-dir DIR`` (GPU machine, ~5 min, at most ~10) runs the async-scheduling suite: the engine tests, async == sync
 outputs on the model, this profile, and ``bench throughput`` with async scheduling on and off; JSON per
 part in DIR.
 """
@@ -190,7 +190,7 @@ def run_suite(out_dir: Path, args) -> int:
 def pytest_part(paths: list[str]) -> dict:
     """The engine tests (CPU ones and the cuda-marked ones) in a child process; its last lines."""
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *paths],
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=150)
     if proc.returncode:
         raise RuntimeError(f"pytest exit {proc.returncode}: {proc.stdout[-3000:]}")
     return {"passed": True, "tail": proc.stdout.strip().splitlines()[-1]}
@@ -200,7 +200,7 @@ def throughput(path: Path, flag: str, args) -> dict:
     cmd = [sys.executable, "-m", "nanocore.cli.main", "bench", "throughput", "--model", args.model, "--device",
            args.device, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len), flag, "--json", str(path),
            "--num-seqs", str(args.throughput_num_seqs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
     if proc.returncode:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-2000:]}")
     result = json.loads(path.read_text())["result"]
