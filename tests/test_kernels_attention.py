@@ -300,13 +300,13 @@ def test_cuda_quantized_paths(specs, block_size, name, path):
     check(q, cache, meta, layout=layout)  # default config and path
 
 
-@pytest.mark.cuda
-@cuda
 FOLD_TILES = [(32, 4, 2, 0), (64, 4, 3, 0), (128, 4, 2, 0), (128, 8, 2, 0), (128, 4, 3, 0), (64, 8, 2, 0),
               (64, 4, 2, 7), (128, 4, 2, 16)]
 FP16_TILES = [(128, 4, 2, 0), (64, 2, 2, 0), (64, 4, 2, 7), (32, 4, 2, 16)]  # attention_quant_tune checks the rest
 
 
+@pytest.mark.cuda
+@cuda
 @pytest.mark.parametrize("path,tile", [("fold", t) for t in FOLD_TILES] + [("fp16_hwcvt_vw", t) for t in FP16_TILES])
 @pytest.mark.parametrize("name", ["int8", "fp8", "k_int8_v_fp8"])
 def test_cuda_quantized_decode_tiles(tile, name, path):
