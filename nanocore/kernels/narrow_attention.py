@@ -1,13 +1,16 @@
-"""The fp16 decode step of paged attention over one-byte (int8 / fp8 e4m3) K/V caches.
+"""Paged attention over one-byte (int8 / fp8 e4m3) K/V caches in fp16: the "fp16*" quantized paths.
 
-Why fp16: every int8 and every e4m3 value is exact in fp16, and both convert to fp16 with a few full-rate
-integer instructions (``CVT`` 1), where converting to bf16 goes through conversion units that run at a
-sixteenth of the FMA rate (on sm_90 that conversion, not HBM, bounded the bf16-compute quantized decode).
-The query is pre-scaled by ``softmax scale * log2(e)`` and rounded to fp16 once; the score dot and the
-probability . V dot accumulate in fp32. Per-(token, head) scales are folded into the score columns (K) and
-into the probability columns (V); the latter are divided by the tile's largest V scale first, so the fp16
-probabilities stay in [0, 1] whatever the scale's range. ``CVT`` 0 is plain ``.to(fp16)`` (the interpreter,
-and the reference for the bit tricks); 2 converts fp8 with the hardware's e4m3x2 -> f16x2 instruction.
+Why (sm_90 SASS of the bf16 "fold" path, Triton 3.6): e4m3 becomes bf16 through one F2F per element
+(e4m3 -> f16 -> bf16), V is read byte by byte from shared memory (8-bit operands cannot use the transposing
+ldmatrix), 2-byte scale loads are not pipelined, and the kernel holds 186-255 registers (2 programs per SM).
+Here every int8 and e4m3 value is exact in fp16, so a one-byte tile becomes fp16 with a few integer
+instructions (``CVT`` 1) or the e4m3x2 -> f16x2 instruction (``CVT`` 2, sm_89+); with ``WORDS`` the tile is
+read as int32 words and converted in registers, so it reaches shared memory as fp16; fp16 scales are read
+as int32 words. The query is pre-scaled by ``softmax scale * log2(e)`` and rounded to fp16 once; both dots
+accumulate in fp32. Per-(token, head) scales are folded into the score columns (K) and into the probability
+columns (V); the latter are divided by the tile's largest V scale first, so the fp16 probabilities stay in
+[0, 1] whatever the scales' range. ``CVT`` 0 is plain ``.to(fp16)``: the interpreter, and the reference the
+bit tricks reproduce exactly.
 """
 from __future__ import annotations
 
