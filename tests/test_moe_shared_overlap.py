@@ -175,3 +175,20 @@ def test_overlap_equals_sequential_under_graph_replay(num_tokens):
             torch.cuda.synchronize()
             assert torch.equal(out_on, out_off), f"seed {seed}: overlapped graph differs from the sequential one"
             assert torch.equal(out_on, eager), f"seed {seed}: graph replay differs from the eager forward"
+
+
+def test_engine_config_field_reaches_the_model_build(monkeypatch):
+    from nanocore.config import EngineConfig
+    from nanocore.loader import model_loader
+
+    seen = {}
+
+    def capture(hf_config, build):
+        seen["overlap"] = build.moe_shared_expert_overlap
+        raise RuntimeError("captured")
+    monkeypatch.setattr(model_loader, "build_model", capture)
+    for value in (False, True):
+        with pytest.raises(RuntimeError, match="captured"):
+            model_loader.load_model(EngineConfig(model="dummy:tiny-qwen2", device="cpu", moe_shared_expert_overlap=value),
+                                    "cpu")
+        assert seen["overlap"] is value

@@ -16,7 +16,7 @@ ENGINE_FLAGS = {  # flag -> EngineConfig field
     "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size",
     "num_kv_blocks": "num_kv_blocks", "cpu_kv_cache_gib": "cpu_kv_cache_gib",
     "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
-    "async_scheduling": "async_scheduling",
+    "async_scheduling": "async_scheduling", "moe_shared_expert_overlap": "moe_shared_expert_overlap",
     "tensor_parallel_size": "tensor_parallel_size", "expert_parallel_size": "expert_parallel_size", "seed": "seed",
 }
 
@@ -39,6 +39,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
                    help="overlap the next decode step with this one's host work (default on)")
+    g.add_argument("--moe-shared-expert-overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="run an MoE layer's shared expert on a side CUDA stream (default on)")
     g.add_argument("--tensor-parallel-size", type=int, help="GPUs per model")
     g.add_argument("--expert-parallel-size", type=int, help="ranks sharing a MoE model's experts")
     g.add_argument("--seed", type=int, help="seed of dummy weights and unseeded sampling")

@@ -49,7 +49,7 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
     moe_executor = resolve_moe_executor(config, hf_config, device)
     build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,
                               linear_method_factory=linear_method_factory(entry, options, hf_config, device),
-                              moe_executor=moe_executor)
+                              moe_executor=moe_executor, moe_shared_expert_overlap=config.moe_shared_expert_overlap)
     model = build_model(hf_config, build)
     with torch.no_grad():
         if model_path is None:

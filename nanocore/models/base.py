@@ -21,6 +21,7 @@ class ModelBuildContext:
     parallel: ParallelContext
     linear_method_factory: Callable[[str], LinearMethod]
     moe_executor: MoEExecutor | None = None
+    moe_shared_expert_overlap: bool | None = None  # None: the module default (nanocore.layers.moe)
 
 
 class CheckpointError(ValueError):
