@@ -17,11 +17,13 @@ for s in $sections; do case $s in
 tests)
   TAIL=12 step 150 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_kernels_sampling.py \
     tests/test_gpu_engine.py tests/test_moe_shared_overlap.py plugins/decode_first ;;
-tune)
-  TAIL=40 step 150 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 140
-  TAIL=30 step 150 python3 nanocore/bench/attention_quant_tune.py "$out"
-  TAIL=30 step 240 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out"
-  TAIL=12 step 80 python3 plugins_moe/triton_fused_moe/benchmarks/shared_overlap_gpu.py "$out" 60 ;;
+tune)  # the new cuda tests, one throughput run, kernel variant sweeps (one call: at most ~590 s)
+  TAIL=14 step 90 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_kernels_sampling.py \
+    tests/test_engine_async.py
+  step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
+  TAIL=40 step 120 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 100
+  TAIL=40 step 120 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 100
+  TAIL=30 step 200 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out" ;;
 quant)
   TAIL=40 step 150 $N bench linear --device cuda --json "$out/bench_linear.json"
   for m in unquantized fp8_w8a16 awq; do
@@ -33,6 +35,7 @@ quant)
   done ;;
 engine)
   step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
+  step 55 $N bench throughput $Q06 --max-model-len 2048 --no-async-scheduling --json "$out/throughput_qwen3_0.6b_sync.json"
   step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen3_0.6b_unquantized.json"
   step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen2.5_7b.json"
   step 30 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager \
