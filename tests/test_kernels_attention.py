@@ -213,6 +213,46 @@ def test_quant_path_flags_and_defaults():
     assert pa.default_config(1, 2, 128) == pa.default_config(1, 2, 128, kv_itemsize=2)
 
 
+def test_quant_path_and_decode_tile_overrides(monkeypatch):
+    from nanocore.kernels import paged_attention as pa
+    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "fold")
+    assert pa.default_quant_path() == "fold"
+    grouped = pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True)
+    assert (grouped.block_n, grouped.num_warps, grouped.num_stages) == pa.GROUP_K_DECODE_TILE  # "fold"'s own tile
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64/2/3")
+    assert pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 2
+    assert pa.default_config(1, 2, 128).block_n == 64  # a bf16 cache keeps its tile
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64x2")
+    with pytest.raises(ValueError, match="block_n/num_warps/num_stages"):
+        pa.default_config(1, 2, 128, kv_itemsize=1)
+    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "fastest")
+    with pytest.raises(ValueError, match="NANOCORE_ATTN_QUANT_PATH"):
+        pa.default_quant_path()
+
+
+def test_fp16_path_applies_only_where_it_can():
+    """One-byte K and V, 16-bit queries, K groups of 16+ (power of two); else the kernel takes "fold"."""
+    from nanocore.kernels.narrow_attention import narrow_constexprs
+
+    def args(layout, q_dtype=torch.float16, kv_heads=2, head_dim=64, path="fp16_hwcvt_vw"):
+        q, cache, meta = make_case([(1, 20)], 2 * kv_heads, kv_heads, head_dim, 16, torch.float16, layout=layout)
+        from nanocore.kernels.paged_attention import _layout_args
+        k, v, ks, vs, codes, groups, _ = _layout_args(cache, layout, q, q)
+        return narrow_constexprs(path, q.to(q_dtype), k, v, ks, vs, codes, groups[0], head_dim)
+
+    kv = args(QUANT_LAYOUTS["k_int8_v_fp8"])
+    assert kv["NARROW"] and kv["WORDS"] == 1 and kv["KS_HALVES"] and kv["VS_HALVES"] and kv["KS_NUM_PAD"] == 2
+    assert kv["KS_ROW"] == 2 * 2 // 2 and kv["VS_ROW"] == 2 // 2  # int32 words per slot
+    assert not args(QUANT_LAYOUTS["int8"], q_dtype=torch.float32)["NARROW"]
+    assert not args(QUANT_LAYOUTS["int8"], path="fold")["NARROW"]
+    assert not args(KVLayout(I8, I8, "group", "token_head", group_size=8))["NARROW"]
+    assert not args(None)["NARROW"]  # a 16-bit cache
+    odd = args(QUANT_LAYOUTS["k_int8_v_fp8"], kv_heads=1)  # fp16 V scales of one head: no whole words
+    assert odd["NARROW"] and not odd["VS_HALVES"] and odd["KS_HALVES"]
+    assert args(QUANT_LAYOUTS["int8"], path="fp16_kvw")["WORDS"] == 2
+    assert args(QUANT_LAYOUTS["int8"], path="fp16")["WORDS"] == 0
+
+
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
