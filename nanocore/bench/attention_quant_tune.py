@@ -199,9 +199,11 @@ def summarize(results: dict) -> list[str]:
             dflt = next((r for r in ok if r["variant"] == "default"), None)
             best[f"{name} {shape}"] = top["variant"]
             t, d = top["timing"][shape], dflt["timing"][shape] if dflt else None
-            lines.append(f"{name:<13} {shape:<8} best {t['ms'] * 1e3:7.1f} us x{t['speedup_vs_bf16'] or 0:4.2f} "
-                         f"{top['variant']:<26}" + (f" default {d['ms'] * 1e3:7.1f} us x{d['speedup_vs_bf16'] or 0:4.2f}"
-                                                      if d else ""))
+            line = f"{name:<13} {shape:<8} best {t['ms'] * 1e3:7.1f} us x{t['speedup_vs_bf16'] or 0:4.2f} "
+            line += f"{top['variant']:<34}"
+            if d:
+                line += f" default {d['ms'] * 1e3:7.1f} us x{d['speedup_vs_bf16'] or 0:4.2f}"
+            lines.append(line)
     bad = [f"{r['layout']} {r['variant']}: {r.get('error') or r['check']}" for r in results["decode"]
            if "error" in r or ("check" in r and not r["check"]["ok"])]
     lines += [f"FAILED {b}" for b in bad]

@@ -6,8 +6,9 @@ It walks the sequence's KV in ``BLOCK_N`` tiles through the block table, reading
 narrow K/V tiles are converted to q's dtype and their scales applied to the score / probability columns
 (``quant_path`` "fold"), scaled in registers before the dots ("dequant"), or, for one-byte K and V, converted
 to fp16 with integer bit tricks and multiplied in fp16 ("fp16*", ``narrow_attention``). Causal alignment is
-lower-right: query ``i`` of a sequence with ``seq_len`` L and query length lq sits at position ``L - lq + i``. When few programs would cover long
-contexts, the KV range is split over a third grid axis and a reduction kernel merges the partials.
+lower-right: query ``i`` of a sequence with ``seq_len`` L and query length lq sits at position ``L - lq + i``.
+When few programs would cover long contexts, the KV range is split over a third grid axis and a reduction
+kernel merges the partials.
 """
 from __future__ import annotations
 
