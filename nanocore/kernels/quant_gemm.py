@@ -184,6 +184,11 @@ if triton is not None:
         return h.to(tl.float16, bitcast=True)
 
     @triton.jit
+    def _zero(ptr):
+        """A zero of the pointee's type for masked loads (a Python 0 does not cast to fp8)."""
+        return tl.full((), 0, ptr.dtype.element_ty)
+
+    @triton.jit
     def _widen(w, W_KIND: tl.constexpr, dtype: tl.constexpr):
         """Stored weights -> ``dtype`` (int8 exact, fp8 native, or fp8 bits as value / 256)."""
         if W_KIND == 2:
@@ -229,7 +234,8 @@ if triton is not None:
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(k_start, k_end, BLOCK_K):
             ks = k0 + offs_k
-            w = tl.load(w_rows + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < k_end), other=0)
+            w = tl.load(w_rows + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < k_end),
+                        other=_zero(w_ptr))
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < k_end), other=0.0)
             if BLOCK_M >= 16:
@@ -263,7 +269,7 @@ if triton is not None:
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0)
             w = tl.load(w_ptr + offs_n[None, :] * stride_wn + ks[:, None],
-                        mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=0)
+                        mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=_zero(w_ptr))
             if A_INT8:
                 acc = tl.dot(x, w, acc, out_dtype=tl.int32)
             else:
