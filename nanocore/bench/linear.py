@@ -3,7 +3,9 @@
 Each method is found through the plugin registry (third-party methods included), skipped with its
 ``supports()`` reason where it cannot run, given random weights through its own ``quantize`` ->
 ``create_weights`` -> ``weight_loader`` path and timed over M tokens. The table sums the four linears of
-a layer (qkv, o, gate_up, down) per M with the speed-up over ``unquantized`` from the same run; JSON keeps
+a layer (qkv, o, gate_up, down) per M with the speed-up over ``unquantized`` from the same run, twice on CUDA:
+launched from Python (``layer_ms``) and replayed as a CUDA graph (``graph_layer_ms``: what graph-captured
+decode pays, without the Python launch cost that dominates small-M kernels); JSON keeps
 every (shape, M, method) row, the weight bytes, and errors vs the fp32 GEMM and vs the method's torch twin
 (the same method with option ``kernel="torch"``, where it has one).
 """
@@ -64,6 +66,30 @@ def time_ms(fn, device: torch.device) -> float:
     return statistics.median(times)
 
 
+def graph_time_ms(fn, reps: int = 20) -> float:
+    """Median milliseconds of ``fn`` captured in a CUDA graph (no Python launch cost, as in graph-captured
+    decode), replayed after an L2 flush each time so the weights come from HBM as in a real forward."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture stream: compiles, workspaces, split-K counters
+        fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
+    times = []
+    for _ in range(reps):
+        flush.zero_()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
 def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
 
@@ -102,6 +128,11 @@ def bench_shape(methods: dict, shape: str, n: int, k: int, ms: list[int], dtype,
                 row["tflops"] = 2 * m * n * k / row["ms"] / 1e9
             except Exception as exc:
                 row["error"] = repr(exc)[:300]
+            if device.type == "cuda" and "error" not in row:
+                try:
+                    row["graph_ms"] = graph_time_ms(lambda: method.apply(layer, x))
+                except Exception as exc:  # a method that cannot be captured: launched timing only
+                    row["graph_error"] = repr(exc)[:300]
             rows.append(row)
     return rows
 
@@ -118,8 +149,12 @@ def summarise(rows: list[dict], names: list[str], ms: list[int]) -> list[dict]:
             base = [r["ms"] for r in rows if r.get("m") == m and r["method"] == BASELINE and "ms" in r]
             total = sum(r["ms"] for r in mine)
             twin_errs = [r["rel_err_vs_torch_twin"] for r in mine if "rel_err_vs_torch_twin" in r]
+            graph = sum(r["graph_ms"] for r in mine) if all("graph_ms" in r for r in mine) else None
+            base_graph = [r["graph_ms"] for r in rows if r.get("m") == m and r["method"] == BASELINE and "graph_ms" in r]
             out.append({"m": m, "method": name, "layer_ms": total,
                         "speedup": sum(base) / total if len(base) == len(mine) else None,
+                        "graph_layer_ms": graph,
+                        "graph_speedup": sum(base_graph) / graph if graph and len(base_graph) == len(mine) else None,
                         "weight_mb": sum(r["weight_bytes"] for r in mine) / 1e6,
                         "max_err_vs_fp32": max(r["rel_err_vs_fp32"] for r in mine),
                         "max_err_vs_twin": max(twin_errs) if twin_errs else None})
@@ -172,7 +207,8 @@ def run_from_args(args: argparse.Namespace) -> int:
             torch.cuda.empty_cache()
     summary = summarise(rows, list(methods), ms)
     print(f"one {args.shapes} layer (qkv + o + gate_up + down), {dtype}, {device}")
-    print(format_table(summary, ["m", "method", "layer_ms", "speedup", "weight_mb", "max_err_vs_fp32",
+    print(format_table(summary, ["m", "method", "layer_ms", "speedup", "graph_layer_ms", "graph_speedup", "weight_mb",
+                                 "max_err_vs_fp32",
                                  "max_err_vs_twin", "error"]))
     write_json(args.json, {"command": "bench linear", "shapes": args.shapes, "layer_shapes": SHAPES[args.shapes],
                            "dtype": str(dtype), "ms": ms, "baseline": BASELINE, "skipped": skipped,
