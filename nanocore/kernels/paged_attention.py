@@ -37,11 +37,12 @@ SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw", "fp16_hwcvt_kvw",
                "fp16_kvw")
 #: Default path; ``NANOCORE_ATTN_QUANT_PATH`` overrides it (one of ``QUANT_PATHS``) for A/B runs of the engine.
-#: "fp16_hwcvt_vw" was chosen from the sm_90 SASS (ptxas via Triton 3.6, 64 x 4K decode shapes, block_n 128,
-#: 4 warps): 150 registers (3 programs per SM; "fold" int8 255 / fp8 186: 2 per SM), 34 / 28 / 34 warp
-#: instructions per key for int8 / fp8 / k_int8_v_fp8 ("fold": 45 / 45 / 62), no F2F conversions, no byte-wise
-#: shared-memory reads of V, every scale load asynchronous. Not yet timed on the GPU: see attention_quant_tune.
-DEFAULT_QUANT_PATH = "fp16_hwcvt_vw"
+#: "fold", measured on the H200 (attention_quant_tune.py, docs/data/attention_quant_tune_h200.json, per layer):
+#: at 256 seqs x 512 (the throughput workload's regime) fold is fastest for every layout (int8 149 us, fp8 145,
+#: k_int8_v_fp8 165 vs fp16_hwcvt 171 / 212 / 172 and fp16_hwcvt_vw 151 / 268 / 256); at 64 x 4K the fp16 paths
+#: win only for fp8 (246 vs 291 us) and k_int8_v_fp8 (276 vs 302 us). bf16: 148 / 257 us. The SASS-based
+#: choice "fp16_hwcvt_vw" (fewer instructions per key, 150 registers) was slower on the GPU.
+DEFAULT_QUANT_PATH = "fold"
 #: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. H200,
 #: 64 x 4K decode, "fold": int8 / fp8 token-head 128/4/2 0.243 / 0.290 ms (64/4/2: 0.385 / 0.435 ms);
 #: group-scaled K (k_int8_v_fp8) 64/4/2 0.299 ms (128/4/2: 0.401 ms). bf16 cache: 0.259 ms. The fp16 paths
