@@ -3,7 +3,8 @@
 ``source nanocore/bench/gpu_setup.sh && python plugins_quant/tune_linear_gpu.py OUTDIR [--budget-s 140]``
 Expected wall time about 2 minutes (Triton compiles included); variants not reached within the budget
 are recorded as skipped. Shapes: the four linears of a Qwen2.5-7B layer; times are medians of
-``triton.testing.do_bench`` (L2 flushed between runs) summed over the four; bf16 ``F.linear`` in the same run.
+a CUDA-graph replay after an L2 flush (``nanocore.bench.linear.graph_time_ms``: no Python launch cost, as in
+graph-captured decode) summed over the four; bf16 ``F.linear`` in the same run.
 Writes OUTDIR/tune_linear.json and prints, per (kernel, M), the default config and the best variant.
 """
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench
+from nanocore.bench.linear import graph_time_ms
 
 from nanocore.kernels.quant_gemm import (GemmConfig, default_config, int8_scaled_linear, weight_only_linear,
                                          weight_only_linear_torch)
@@ -88,25 +89,25 @@ def measure(kernel: str, cfg: GemmConfig | None, m: int, weights: dict, inputs: 
         try:
             run_fn, twin = kernel_fn(kernel, weights[shape], inputs[(shape, m)])
             row["rel_err_vs_twin"] = float((run_fn(c).float() - twin).abs().max() / twin.abs().max())
-            row["ms"] = do_bench(lambda: run_fn(c), warmup=5, rep=20)
+            row["ms"] = graph_time_ms(lambda: run_fn(c))
         except Exception as exc:  # record and keep sweeping
             row["error"] = repr(exc)[:300]
         rows.append(row)
     return rows
 
 
-def run(budget_s: float) -> list[dict]:
+def run(budget_s: float, ms: list[int] = MS) -> list[dict]:
     """Decode first (what the speed gates need), then prefill; variants past the budget are skipped."""
     start = time.time()
     weights = {shape: make_weights(n, k) for shape, (n, k) in SHAPES.items()}
     inputs = {(shape, m): torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
-              for shape, (_, k) in SHAPES.items() for m in MS}
+              for shape, (_, k) in SHAPES.items() for m in ms}
     rows = []
-    for m in MS:
+    for m in ms:
         for shape in SHAPES:
             x, w = inputs[(shape, m)], weights[shape]["bf16"]
             rows.append({"shape": shape, "m": m, "kernel": "bf16", "config": "F.linear",
-                         "ms": do_bench(lambda: F.linear(x, w), warmup=5, rep=20)})
+                         "ms": graph_time_ms(lambda: F.linear(x, w))})
         for kernel in ["fp8", "awq", "int8_w8a16", "int8_w8a8", "fp8_bits"]:
             if kernel == "int8_w8a8" and m <= 16:
                 continue  # decode batches run int8_w8a8 weight-only (the int8_w8a16 rows)
@@ -144,10 +145,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("outdir")
     parser.add_argument("--budget-s", type=float, default=140.0, help="stop starting variants after this")
+    parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M to sweep (default all)")
     args = parser.parse_args()
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(args.budget_s)
+    rows = run(args.budget_s, [int(m) for m in args.ms.split(",")])
     summary = summarise(rows)
     bad = [r for r in rows if r.get("rel_err_vs_twin", 0) > 1e-2 or "error" in r]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "summary": summary,
