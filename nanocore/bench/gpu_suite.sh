@@ -24,15 +24,18 @@ tune)  # the new cuda tests, one throughput run, kernel variant sweeps (one call
   TAIL=40 step 120 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 100
   TAIL=40 step 120 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 100
   TAIL=30 step 200 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out" ;;
-quant)
-  TAIL=40 step 150 $N bench linear --device cuda --json "$out/bench_linear.json"
+quant)  # quantized linears: microbench (launched and graph-replayed) and Qwen2.5-7B end to end (about 480 s)
+  TAIL=10 step 90 python3 -m pytest -q -m cuda tests/test_quant_gemm.py plugins_quant/fp8_w8a16/tests/test_kernels.py \
+    plugins_quant/awq/tests/test_kernels.py tests/test_moe_shared_overlap.py
+  TAIL=40 step 120 $N bench linear --device cuda --json "$out/bench_linear.json"
   for m in unquantized fp8_w8a16 awq; do
-    step 60 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
+    step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
   done
-  for m in unquantized cutlass fp8_w8a8; do
-    step 60 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+  for m in unquantized cutlass; do
+    step 150 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
       --json "$out/prefill_qwen2.5_7b_$m.json"
-  done ;;
+  done
+  TAIL=6 step 60 python3 -m pytest -q -m cuda plugins_quant/cutlass ;;
 engine)
   step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   step 55 $N bench throughput $Q06 --max-model-len 2048 --no-async-scheduling --json "$out/throughput_qwen3_0.6b_sync.json"
