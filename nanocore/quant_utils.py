@@ -71,7 +71,7 @@ def fp8_search_scale(w: torch.Tensor, column_weight: torch.Tensor | None = None)
     so the error is the expected output error of the layer under a diagonal model of its inputs.
     """
     w = w.float()
-    h = torch.ones(w.shape[1]) if column_weight is None else column_weight.float().clamp_min(0)
+    h = torch.ones(w.shape[1], device=w.device) if column_weight is None else column_weight.float().clamp_min(0)
     base = symmetric_scale(w, FP8_MAX)
     best_err, best = None, base
     for factor in FP8_SCALE_FACTORS:
@@ -98,12 +98,12 @@ def fp8_gptq(w: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, damp: float 
     w[:, dead] = 0.0
     order = torch.argsort(hessian.diagonal(), descending=True)
     w, hessian = w[:, order], hessian[order][:, order]
-    hessian += torch.eye(k) * damp * hessian.diagonal().mean()
+    hessian += torch.eye(k, device=w.device) * damp * hessian.diagonal().mean()
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(hessian)), upper=True)
-    q = torch.empty(n, k, dtype=FP8_DTYPE)
+    q = torch.empty(n, k, dtype=FP8_DTYPE, device=w.device)
     for start in range(0, k, block):
         end = min(start + block, k)
-        w_blk, err_blk, hinv_blk = w[:, start:end].clone(), torch.zeros(n, end - start), hinv[start:end, start:end]
+        w_blk, err_blk, hinv_blk = w[:, start:end].clone(), torch.zeros(n, end - start, device=w.device), hinv[start:end, start:end]
         for i in range(end - start):
             col = w_blk[:, i:i + 1]
             q_col = quantize_fp8(col, scale)
