@@ -36,6 +36,22 @@ quant)  # quantized linears: microbench (launched and graph-replayed) and Qwen2.
       --json "$out/prefill_qwen2.5_7b_$m.json"
   done
   TAIL=6 step 60 python3 -m pytest -q -m cuda plugins_quant/cutlass ;;
+final)  # the last checks after the sweeps (one call, about 480 s; JSON straight into OUTDIR)
+  TAIL=20 step 60 python3 -m pytest -q -m cuda --tb=line -rf tests/test_quant_gemm.py
+  TAIL=14 step 60 $N bench linear --device cuda --methods unquantized,fp8_w8a16,int8_w8a16 --ms 1,16,256 \
+    --json "$out/bench_linear_fp8.json"
+  step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method fp8_w8a16 \
+    --json "$out/latency_qwen2.5_7b_fp8_w8a16.json"
+  step 55 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
+  for codec in unquantized k_int8_v_fp8; do
+    step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec $codec \
+      --json "$out/latency_qwen3_0.6b_$codec.json"
+  done
+  for overlap in moe-shared-expert-overlap no-moe-shared-expert-overlap; do
+    step 50 $N bench latency $MOE --max-num-seqs 8 --max-model-len 1024 --moe-executor triton_fused_moe --$overlap \
+      --json "$out/latency_qwen1.5_moe_fused_$overlap.json"
+  done
+  TAIL=20 step 130 python3 -m pytest -q -m cuda --tb=line -rf plugins_quant/cutlass ;;
 engine)
   step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   step 55 $N bench throughput $Q06 --max-model-len 2048 --no-async-scheduling --json "$out/throughput_qwen3_0.6b_sync.json"
