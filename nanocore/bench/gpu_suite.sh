@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of the engine, grouped in sections, in one call on the H200 (each step
 # time-boxed; a failure does not stop the rest). Usage from the repo root on the GPU machine:
-#   bash nanocore/bench/gpu_suite.sh OUTDIR [SECTION ...]     (default: every section, in this order)
+#   NANOCORE_GIT_COMMIT=<hash> bash nanocore/bench/gpu_suite.sh OUTDIR [SECTION ...]   (default: every section)
+# (pass the dev checkout's `git rev-parse --short HEAD` literally: the device's copy of .git can be stale, and the
+#  JSONs record this commit)
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end)
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift

@@ -11,7 +11,12 @@ from typing import Any
 
 
 def git_commit() -> str | None:
-    """The checkout's commit (with '-dirty' when it has local changes), or None outside git."""
+    """The checkout's commit (with '-dirty' when it has local changes), or None outside git.
+
+    ``NANOCORE_GIT_COMMIT`` overrides it: a copied tree whose .git is stale (the GPU machine's) names the
+    commit the caller passes in."""
+    if os.environ.get("NANOCORE_GIT_COMMIT"):
+        return os.environ["NANOCORE_GIT_COMMIT"]
     root = Path(__file__).resolve().parents[2]
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
