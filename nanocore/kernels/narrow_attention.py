@@ -147,15 +147,16 @@ def load_words_f16(words_ptr, slot, kvh, stride_t, stride_h, kv_ok, IS_INT8: tl.
                    MASKED: tl.constexpr):
     """Columns ``COL0 .. COL0 + WIDTH`` of a one-byte tile, read as int32 words and converted to fp16 in
     registers, so the tile reaches shared memory (for the dot's operand loads) as fp16, not bytes."""
-    w = _load_rows(words_ptr, slot, kvh, COL0 // 4 + tl.arange(0, WIDTH // 4), stride_t, stride_h, kv_ok,
+    w = load_rows(words_ptr, slot, kvh, COL0 // 4 + tl.arange(0, WIDTH // 4), stride_t, stride_h, kv_ok,
                    MASKED, COL0 + WIDTH > HEAD_DIM, HEAD_DIM // 4)
     b0, b1, b2, b3 = _words_to_f16(w, IS_INT8, CVT)
     return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BLOCK_N, WIDTH])
 
 
 @triton.jit
-def _load_rows(base_ptr, slot, kvh, cols, stride_t, stride_h, kv_ok,
-               MASKED: tl.constexpr, COL_MASKED: tl.constexpr, HEAD_DIM: tl.constexpr):
+def load_rows(base_ptr, slot, kvh, cols, stride_t, stride_h, kv_ok,
+              MASKED: tl.constexpr, COL_MASKED: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Cache rows ``slot`` at columns ``cols`` as stored (no scale); both attention paths load through it."""
     ptrs = base_ptr + slot[:, None] * stride_t + kvh * stride_h + cols[None, :]
     if MASKED or COL_MASKED:
         x = tl.load(ptrs, mask=kv_ok[:, None] & (cols[None, :] < HEAD_DIM), other=0.0)
@@ -229,7 +230,7 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
                 kg = load_words_f16(k_ptr, slot, kvh, stride_kt, stride_kh, kv_ok, K_INT8, CVT, BLOCK_N,
                                     g * K_GROUP, K_GROUP, HEAD_DIM, MASKED)
             else:
-                kg = narrow_to_f16(_load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
+                kg = narrow_to_f16(load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
                                               MASKED, False, HEAD_DIM), K_INT8, CVT)
             ksg = tl.sum(tl.where(gcol[None, :] == g, ks, 0.0), 1)
             s += tl.dot(qg, tl.trans(kg)) * ksg[None, :]
@@ -238,7 +239,7 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
             k = load_words_f16(k_ptr, slot, kvh, stride_kt, stride_kh, kv_ok, K_INT8, CVT, BLOCK_N, 0,
                                HEAD_DIM_PAD, HEAD_DIM, MASKED)
         else:
-            k = narrow_to_f16(_load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED,
+            k = narrow_to_f16(load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED,
                                          HEAD_DIM), K_INT8, CVT)
         s = tl.dot(q16, tl.trans(k))
         if K_SCALE == 1:
@@ -259,7 +260,7 @@ def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
         v = load_words_f16(v_ptr, slot, kvh, stride_vt, stride_vh, kv_ok, V_INT8, CVT, BLOCK_N, 0, HEAD_DIM_PAD,
                            HEAD_DIM, MASKED)
     else:
-        v = narrow_to_f16(_load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED,
+        v = narrow_to_f16(load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED,
                                      HEAD_DIM), V_INT8, CVT)
     if V_SCALE == 1:  # columns of P times vs / max(vs): fp16 operands in [0, 1]; the max goes on the result
         vs = head_scale(vs_ptr, slot, kvh, kv_ok, VS_ROW, VS_HALVES, MASKED)

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 from nanocore.interfaces import KVCache, KVLayout
+from nanocore.kernels.narrow_attention import load_rows as _load_raw
 from nanocore.kernels.narrow_attention import narrow_constexprs, narrow_pv, narrow_scores
 
 #: Scale granularity -> constexpr code used by the kernels.
@@ -74,18 +75,6 @@ def _load_kv_tile(base_ptr, scale_ptr, slot, kvh, d, stride_t, stride_h, s_strid
         x = (x.to(tl.float32) * sc.to(tl.float32)).to(OUT_DTYPE)
     else:
         x = x.to(OUT_DTYPE)
-    return x
-
-
-@triton.jit
-def _load_raw(base_ptr, slot, kvh, cols, stride_t, stride_h, kv_ok,
-              MASKED: tl.constexpr, COL_MASKED: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Load cache rows ``slot`` at columns ``cols`` as stored (no scale)."""
-    ptrs = base_ptr + slot[:, None] * stride_t + kvh * stride_h + cols[None, :]
-    if MASKED or COL_MASKED:
-        x = tl.load(ptrs, mask=kv_ok[:, None] & (cols[None, :] < HEAD_DIM), other=0.0)
-    else:
-        x = tl.load(ptrs)
     return x
 
 
