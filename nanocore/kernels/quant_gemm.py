@@ -89,6 +89,14 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
     return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
+def int8_int8_config(m: int, n: int, k: int) -> GemmConfig:
+    """int8 x int8 tiles: from M = 256 the 128 x 128 x 128 / 8-warp tile, fastest in the H200 sweep
+    (tune_linear_h200.json, 7B layer: M = 256 0.233 vs 0.281 ms, 1024 0.432 vs 0.584, 4096 1.564 vs 2.081)."""
+    if m >= 256:
+        return GemmConfig("tiled", block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
+    return default_config(m, n, k)
+
+
 def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int = 0) -> int:
     """K slices: enough programs for ~4 per SM, each slice at least two K tiles long."""
     if requested:
@@ -140,7 +148,7 @@ def int8_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Te
     y = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
         return y
-    cfg = config or default_config(m, n, k)
+    cfg = config or int8_int8_config(m, n, k)
     if cfg.kind != "tiled" or cfg.block_m < 16:
         raise ValueError(f"int8 x int8 runs the tiled kernel with block_m >= 16, not {cfg}")
     xs = x_scale.float().reshape(-1).expand(m).contiguous()
