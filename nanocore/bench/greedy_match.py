@@ -1,0 +1,100 @@
+"""Greedy output of a real model on one device against a reference run on another, up to the first near-tie.
+
+The reference (``--write-reference``, normally on CPU in float32) stores, for the built-in prompts, each greedy
+token and the gap between the two most likely tokens at every position. A check run (``--reference FILE``, e.g.
+on the GPU) generates the same continuations and reports, per prompt, the first position where its token differs
+and the reference's top-2 gap there: a flip where the reference itself was nearly tied is rounding, a flip with a
+large gap is a bug. Usage (issue 4's SmolLM2 check):
+
+    python -m nanocore.bench.greedy_match --device cpu --dtype float32 --write-reference docs/data/greedy_smollm2_cpu.json
+    python -m nanocore.bench.greedy_match --device cuda --dtype float32 --reference docs/data/greedy_smollm2_cpu.json \
+        --json OUT.json        # exit status 1 only for a flip that is not a near-tie
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from nanocore.eval.compare import PROMPTS
+
+NEAR_TIE = 0.05  # nats between the reference's top-2 tokens: below this a flip is rounding
+
+
+def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eager: bool = False) -> list[dict]:
+    """Per prompt: greedy token ids and the top-1 minus top-2 logprob gap at each position."""
+    from nanocore import LLM, SamplingParams
+
+    llm = LLM(model, device=device, dtype=dtype, enforce_eager=enforce_eager, max_num_seqs=len(PROMPTS),
+              num_kv_blocks=512)
+    params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2)
+    rows = []
+    for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False)):
+        completion = out.outputs[0]
+        gaps = []
+        for entry in completion.logprobs:
+            top = sorted((lp.logprob for lp in entry.values()), reverse=True)
+            gaps.append(top[0] - top[1] if len(top) > 1 else None)  # None: one candidate only
+        rows.append({"prompt": prompt, "token_ids": list(completion.token_ids), "top2_gaps": gaps})
+    return rows
+
+
+def compare(reference: list[dict], got: list[dict], near_tie: float = NEAR_TIE) -> dict:
+    """Per prompt the first differing position and the reference's gap there; an overall verdict."""
+    prompts, worst = [], None
+    for ref, mine in zip(reference, got):
+        pos = next((i for i, (a, b) in enumerate(zip(ref["token_ids"], mine["token_ids"])) if a != b), None)
+        row = {"prompt": ref["prompt"], "first_difference": pos}
+        if pos is not None:
+            gap = ref["top2_gaps"][pos]
+            row["reference_gap"] = float("inf") if gap is None else gap
+            worst = row["reference_gap"] if worst is None else max(worst, row["reference_gap"])
+        prompts.append(row)
+    if worst is None:
+        verdict = "identical"
+    elif worst < near_tie:
+        verdict = f"identical up to near-ties (largest reference gap at a flip {worst:.4f} < {near_tie})"
+    else:
+        verdict = f"DIFFERENT (a flip where the reference's top-2 gap was {worst:.4f} >= {near_tie})"
+    return {"verdict": verdict, "ok": worst is None or worst < near_tie, "prompts": prompts}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from nanocore.bench.report import environment, write_json
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="default", help="checkpoint folder or 'default' (SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--near-tie", type=float, default=NEAR_TIE)
+    group = p.add_mutually_exclusive_group(required=True)
+    group.add_argument("--write-reference", metavar="PATH", help="write this run as the reference")
+    group.add_argument("--reference", metavar="PATH", help="compare this run with a reference file")
+    p.add_argument("--json", metavar="PATH", help="with --reference: write the comparison")
+    args = p.parse_args(argv)
+    rows = run_greedy(args.model, args.device, args.dtype, args.max_tokens, args.enforce_eager)
+    run = {"model": args.model, "device": args.device, "dtype": args.dtype, "max_tokens": args.max_tokens,
+           "rows": rows, "environment": environment(args.device)}
+    if args.write_reference:
+        write_json(args.write_reference, run)
+        return 0
+    with open(args.reference) as f:
+        reference = json.load(f)
+    if len(reference["rows"]) != len(rows) or reference["max_tokens"] != args.max_tokens:
+        raise SystemExit(f"{args.reference} holds {len(reference['rows'])} prompts x {reference['max_tokens']} tokens; "
+                         f"this run has {len(rows)} x {args.max_tokens}: write a new reference")
+    result = compare(reference["rows"], rows, args.near_tie)
+    for row in result["prompts"]:
+        where = "identical" if row["first_difference"] is None else \
+            f"first difference at token {row['first_difference']} (reference gap {row['reference_gap']:.4f})"
+        print(f"{row['prompt'][:40]!r:44} {where}")
+    print(result["verdict"])
+    write_json(args.json, {**run, "reference": args.reference, "reference_environment": reference.get("environment"),
+                           **result})
+    return 0 if result["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
