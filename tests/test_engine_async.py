@@ -128,6 +128,20 @@ def test_aborts_between_steps():
     assert stats.num_overlapped_steps > 0
 
 
+def test_a_lookahead_dropped_by_aborting_every_row_is_counted():
+    llm = make_llm(True, eos_boost=0.0)
+    engine = llm.engine
+    for prompt in prompts(3, 5):
+        engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    while engine._lookahead is None:
+        engine.step()
+    before = llm.stats().num_discarded_lookaheads
+    for request_id in list(engine.requests):
+        engine.abort_request(request_id)
+    assert engine.step() == [] and engine._lookahead is None
+    assert llm.stats().num_discarded_lookaheads == before + 1
+
+
 def test_kv_pressure_preempts_like_sync():
     waves = {0: list(zip(prompts(8, 4), [SamplingParams(temperature=0.9, max_tokens=30, ignore_eos=True)] * 8))}
     stats = assert_same(waves, num_kv_blocks=28)
@@ -236,3 +250,32 @@ def test_cuda_graph_async_equals_sync(tmp_path):
     assert outs[True] == outs[False]
     assert stats[True].num_overlapped_steps > stats[True].num_steps // 2
     assert any(f == "stop" for o in outs[True] for _, f in o)
+
+
+def test_waiting_request_not_admitted_keeps_block_tables_exact():
+    """A look-ahead's block is given back for a waiting request that then does not fit: the same sequences
+    regrow with other blocks, and every prepared block table must be the real one (not a cached stale row)."""
+    from nanocore.engine.model_runner import block_table_array
+
+    def greedy(n):
+        return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
+    waves = {0: [([5, 6, 7, 8], greedy(40)), ([9, 10, 11, 12], greedy(14))],
+             9: [([20 + i % 30 for i in range(28)], greedy(4))]}  # needs 7 of 12 blocks: waits for a finish
+    runs = {}
+    for async_scheduling in (False, True):
+        llm = make_llm(async_scheduling, eos_boost=0.0, block_size=4, num_kv_blocks=12)
+        runner, stale = llm.engine.runner, []
+        prepare = runner.prepare
+
+        def checking(seqs, num_tokens, all_logits=False, prepare=prepare, stale=stale):
+            inputs = prepare(seqs, num_tokens, all_logits)
+            tables = block_table_array([s.block_table for s in seqs])
+            got = inputs.meta.block_tables.numpy()
+            stale += [s.seq_id for i, s in enumerate(seqs) if (got[i, :s.num_blocks] != tables[i, :s.num_blocks]).any()]
+            return inputs
+
+        runner.prepare = checking
+        runs[async_scheduling] = drive(llm, waves)
+        assert stale == []
+    assert runs[True] == runs[False]
+    assert llm.stats().num_discarded_lookaheads > 0

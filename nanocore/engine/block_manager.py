@@ -79,8 +79,11 @@ class BlockManager:
     def trim(self, seq: Sequence, num_blocks: int) -> None:
         """Give back the blocks past ``seq``'s first ``num_blocks`` (never published: beyond its computed KV)."""
         assert num_blocks >= seq.num_published_blocks, "trim would drop blocks the prefix cache holds"
-        while seq.num_blocks > num_blocks:
-            self._release(seq.block_table.pop())
+        for block_id in reversed(seq.block_table[num_blocks:]):
+            self._release(block_id)
+        # a new list, never a shrunk one: ModelRunner updates cached block-table rows in place only for
+        # lists that grew, so a same-length list regrown with another block must not look unchanged
+        seq.block_table = seq.block_table[:num_blocks]
 
     def publish(self, seq: Sequence) -> None:
         """Insert ``seq``'s newly computed full blocks into the prefix cache."""

@@ -162,7 +162,8 @@ class LLMEngine:
         its own tokens (``lookahead.py``); outputs are the synchronous engine's.
         """
         if not self.scheduler.has_unfinished():
-            self._lookahead = None
+            if self._lookahead is not None:  # every row finished or was aborted
+                self._lookahead = self._discard_lookahead()
             return []
         lookahead, self._lookahead = self._lookahead, None
         if lookahead is not None and self.scheduler.waiting:

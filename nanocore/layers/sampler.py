@@ -87,6 +87,8 @@ class Sampler(nn.Module):
     use_fused_kernel = True
 
     def forward(self, logits: torch.Tensor, params: SamplingTensors) -> SamplerOutput:
+        if params.all_greedy and params.banned is None and params.max_num_logprobs is None:
+            return SamplerOutput(logits.argmax(dim=-1))  # no float copy and no random draw (argmax is exact in bf16)
         if self._fused_applies(logits, params):
             seed = torch.randint(0, 2**62, (1,), generator=self.generator, device=logits.device)
             return SamplerOutput(sampling_kernels.gumbel_argmax(logits, params.temperatures, seed))

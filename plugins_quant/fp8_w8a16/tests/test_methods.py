@@ -84,6 +84,25 @@ def test_per_tensor_scales_of_merged_shards():
     assert layer.weight_scale.view(-1).tolist() == [0.5] * 8 + [2.0] * 8
 
 
+def test_merged_tensor_scale_and_mixed_or_missing_shard_scales():
+    make = lambda: MergedColumnParallelLinear(16, [8, 8], linear_method=Fp8W8A16LinearMethod(),  # noqa: E731
+                                              parallel=ParallelContext(), params_dtype=torch.float32)
+    fused = make()  # the checkpoint holds gate_up itself with one scale: every row gets it
+    load(fused, {"weight": torch.randn(16, 16).to(torch.float8_e4m3fn), "weight_scale": torch.tensor(0.25)})
+    fused.linear_method.process_weights_after_loading(fused)
+    assert fused.weight_scale.view(-1).tolist() == [0.25] * 16
+    mixed = make()  # one shard per tensor, the other per channel: each keeps its own
+    load(mixed, {"weight": torch.randn(8, 16).to(torch.float8_e4m3fn), "weight_scale": torch.tensor(0.5)}, 0)
+    load(mixed, {"weight": torch.randn(8, 16).to(torch.float8_e4m3fn), "weight_scale": torch.full((8, 1), 3.0)}, 1)
+    mixed.linear_method.process_weights_after_loading(mixed)
+    assert mixed.weight_scale.view(-1).tolist() == [0.5] * 8 + [3.0] * 8
+    partial = make()  # a shard without scales is an error, not a silent 1.0
+    load(partial, {"weight": torch.randn(8, 16).to(torch.float8_e4m3fn), "weight_scale": torch.tensor(0.5)}, 0)
+    load(partial, {"weight": torch.randn(8, 16).to(torch.float8_e4m3fn)}, 1)
+    with pytest.raises(CheckpointFormatError, match=r"not for \[1\]"):
+        partial.linear_method.process_weights_after_loading(partial)
+
+
 def test_static_input_scale_takes_the_max_over_shards():
     method = Fp8W8A8LinearMethod({"quantization_config": {"quant_method": "fp8", "activation_scheme": "static"}})
     layer = MergedColumnParallelLinear(16, [8, 8], linear_method=method, parallel=ParallelContext(),
