@@ -71,7 +71,7 @@ def fp8_search_scale(w: torch.Tensor, column_weight: torch.Tensor | None = None)
     so the error is the expected output error of the layer under a diagonal model of its inputs.
     """
     w = w.float()
-    h = torch.ones(w.shape[1], device=w.device) if column_weight is None else column_weight.float().clamp_min(0)
+    h = torch.ones(w.shape[1], device=w.device) if column_weight is None else column_weight.float().clamp_min(0).to(w.device)
     base = symmetric_scale(w, FP8_MAX)
     best_err, best = None, base
     for factor in FP8_SCALE_FACTORS:
@@ -92,7 +92,8 @@ def fp8_gptq(w: torch.Tensor, x: torch.Tensor, scale: torch.Tensor, damp: float 
     calibration inputs ``x [T, K]`` changes least. Same format as round-to-nearest, only better values."""
     w = w.float().clone()
     n, k = w.shape
-    hessian = x.float().t() @ x.float() / max(x.shape[0], 1)
+    x = x.float().to(w.device)
+    hessian = x.t() @ x / max(x.shape[0], 1)
     dead = hessian.diagonal() == 0
     hessian[dead, dead] = 1.0
     w[:, dead] = 0.0
@@ -313,6 +314,10 @@ def quantize_checkpoint_linears(method: str, weights: dict[str, torch.Tensor],
     for prefix in quantizable_linears(weights):
         w = weights[tensor_name(prefix, "weight")]
         if with_inputs:
+            if calibration and prefix not in calibration:  # never a silent fallback to the uncalibrated rounding
+                raise ValueError(f"{method}: calibration activations were given but none for {prefix!r} (have e.g. "
+                                 f"{sorted(calibration)[:3]}); the calibration model's module names must match "
+                                 f"the checkpoint's tensor names")
             q, scale = quantize_per_row(w, (calibration or {}).get(prefix))
         else:
             q, scale = quantize_per_row(w)

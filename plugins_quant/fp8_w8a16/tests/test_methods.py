@@ -213,3 +213,8 @@ def test_cli_fp8_scale_option(tmp_path, capsys):
     assert main(["quantize", "--method", "int8_w8a8", "--model", str(tmp_path / "src"), "--out", str(tmp_path / "x"),
                  "--fp8-scale", "absmax"]) != 0
     assert "--fp8-scale is an option of the fp8 methods" in capsys.readouterr().err
+
+
+def test_calibration_for_other_modules_is_an_error_not_a_silent_fallback():
+    with pytest.raises(ValueError, match="none for 'layer'"):
+        quantized(Fp8W8A16LinearMethod, torch.randn(8, 16), {"model.other": torch.randn(4, 16)})
