@@ -218,9 +218,15 @@ def test_cli_flag_switches_async_scheduling():
 
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    flags = {(): True, ("--no-async-scheduling",): False, ("--async-scheduling",): True}
+    flags = {(): None, ("--no-async-scheduling",): False, ("--async-scheduling",): True}
     for extra, expected in flags.items():
         assert engine_config_from_args(parser.parse_args(["--device", "cpu", *extra])).async_scheduling is expected
+
+
+def test_default_is_on_for_cuda_only():
+    """None (the default) means on where there is something to overlap: a CUDA device, not a CPU."""
+    assert make_llm(None).engine.async_scheduling is False
+    assert make_llm(True).engine.async_scheduling is True
 
 
 @pytest.mark.cuda

@@ -84,8 +84,10 @@ class LLMEngine:
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
-        #: overlap decode steps (see lookahead.py); tensor / expert parallel runs synchronously
-        self.async_scheduling = config.async_scheduling and self.workers is None
+        #: overlap decode steps (see lookahead.py): by default only on CUDA (on CPU the forward runs while it is
+        #: launched, so there is nothing to overlap); tensor / expert parallel runs synchronously
+        wanted = config.async_scheduling if config.async_scheduling is not None else self.device.type == "cuda"
+        self.async_scheduling = wanted and self.workers is None
         self._lookahead: Lookahead | None = None
 
     def _load(self, config: EngineConfig):
