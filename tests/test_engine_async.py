@@ -285,3 +285,17 @@ def test_waiting_request_not_admitted_keeps_block_tables_exact():
         assert stale == []
     assert runs[True] == runs[False]
     assert llm.stats().num_discarded_lookaheads > 0
+
+
+def test_a_failing_lookahead_launch_falls_back_to_synchronous_steps():
+    expected = drive(make_llm(False, eos_boost=0.0), {0: [([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=12,
+                                                                                            ignore_eos=True))]})
+    llm = make_llm(True, eos_boost=0.0)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated launch failure")
+    llm.engine.runner.launch_decode = broken
+    got = drive(llm, {0: [([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]})
+    assert got == expected and llm.engine.async_scheduling is False
+    bm = llm.engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks  # the blocks allocated for the failed look-ahead came back

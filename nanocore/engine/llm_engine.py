@@ -203,7 +203,14 @@ class LLMEngine:
             return None
         seqs = batch.seqs if len(rows) == len(batch.seqs) else [batch.seqs[i] for i in rows]
         grown = allocate_lookahead(self.block_manager, seqs)
-        hidden = self.runner.launch_decode(seqs, pending.token_ids, None if seqs is batch.seqs else rows)
+        try:
+            hidden = self.runner.launch_decode(seqs, pending.token_ids, None if seqs is batch.seqs else rows)
+        except Exception:  # never lose this step to the optional one: give its blocks back, go synchronous
+            logger.exception("async scheduling: queueing the next decode step failed; continuing synchronously")
+            for seq, num_blocks in grown:
+                self.block_manager.trim(seq, num_blocks)
+            self.async_scheduling = False
+            return None
         return Lookahead(seqs, [s.num_tokens for s in seqs], hidden, grown)
 
     def _postprocess(self, batch, result) -> list[RequestOutput]:
