@@ -1,0 +1,98 @@
+"""Launch configuration of the paged-attention kernels: tiles, split-KV and the quantized-KV path.
+
+No kernels here, so the choices and their measured reasons read in one place; ``paged_attention`` re-exports
+the names its callers use.
+"""
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+
+#: How quantized K/V tiles meet the dots (``AttentionConfig.quant_path``; None picks this default):
+#: "dequant": the whole tile is scaled in registers (int8/fp8 -> fp32 * scale -> q dtype) before each dot;
+#: "fold": per-(token, head) scales go on the score / probability columns, a group-scaled K is read as
+#: head_dim / group column slices, one dot each, scaled per score column (groups of 16+ elements, a power
+#: of two; others fall back to "dequant" for K); "fold_kdeq": "fold" but a group-scaled K is dequantized.
+#: "fp16" / "fp16_hwcvt": one-byte K and V are converted to fp16 with bit tricks (fp8 by the hardware's
+#: e4m3x2 -> f16x2 instruction with "_hwcvt") and both dots run in fp16, scales folded
+#: (``narrow_attention``); layouts it does not cover (wider elements, fp32 queries, groups under 16) use "fold".
+#: "_vw": V is read as int32 words and converted in registers before it reaches shared memory; "_kvw": K too.
+QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw", "fp16_hwcvt_kvw",
+               "fp16_kvw")
+#: Default path; ``NANOCORE_ATTN_QUANT_PATH`` overrides it (one of ``QUANT_PATHS``) for A/B runs of the engine.
+#: "fold", measured on the H200 (attention_quant_tune.py, docs/data/attention_quant_tune_h200.json, per layer):
+#: at 256 seqs x 512 (the throughput workload's regime) fold is fastest for every layout (int8 149 us, fp8 145,
+#: k_int8_v_fp8 165 vs fp16_hwcvt 171 / 212 / 172 and fp16_hwcvt_vw 151 / 268 / 256); at 64 x 4K the fp16 paths
+#: win only for fp8 (246 vs 291 us) and k_int8_v_fp8 (276 vs 302 us). bf16: 148 / 257 us. The SASS-based
+#: choice "fp16_hwcvt_vw" (fewer instructions per key, 150 registers) was slower on the GPU.
+DEFAULT_QUANT_PATH = "fold"
+#: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. H200,
+#: 64 x 4K decode, "fold": int8 / fp8 token-head 128/4/2 0.243 / 0.290 ms (64/4/2: 0.385 / 0.435 ms);
+#: group-scaled K (k_int8_v_fp8) 64/4/2 0.299 ms (128/4/2: 0.401 ms). bf16 cache: 0.259 ms. The fp16 paths
+#: use ``NARROW_DECODE_TILE`` for every one-byte layout; ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
+NARROW_DECODE_TILE = (128, 4, 2)
+GROUP_K_DECODE_TILE = (64, 4, 2)
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    """Tile shape and launch parameters; ``num_splits`` 0 lets the heuristic choose; ``quant_path`` None
+    means ``DEFAULT_QUANT_PATH`` (it only matters for layouts with scales)."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    num_splits: int = 0
+    quant_path: str | None = None
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def default_quant_path() -> str:
+    path = os.environ.get("NANOCORE_ATTN_QUANT_PATH") or DEFAULT_QUANT_PATH
+    if path not in QUANT_PATHS:
+        raise ValueError(f"NANOCORE_ATTN_QUANT_PATH={path!r} is not one of {QUANT_PATHS}; unset it or pick one")
+    return path
+
+
+def _narrow_decode_tile(quant_path: str, k_grouped: bool) -> tuple[int, int, int]:
+    env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")
+    if env:
+        try:
+            block_n, warps, stages = (int(x) for x in env.split("/"))
+        except ValueError:
+            raise ValueError(f"NANOCORE_ATTN_DECODE_TILE={env!r}: expected block_n/num_warps/num_stages, "
+                             f"e.g. 128/4/2") from None
+        return block_n, warps, stages
+    if k_grouped and not quant_path.startswith("fp16"):
+        return GROUP_K_DECODE_TILE
+    return NARROW_DECODE_TILE
+
+
+def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
+                   k_grouped: bool = False, quant_path: str | None = None) -> AttentionConfig:
+    """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles."""
+    rows = max_query_len * group
+    if rows <= 64 and kv_itemsize == 1:
+        tile = _narrow_decode_tile(quant_path or default_quant_path(), k_grouped)
+        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile)
+    if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
+        return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
+    # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
+    return AttentionConfig(max(64, triton.next_power_of_2(group)), 32, 4, 3)
+
+
+def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int) -> int:
+    """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding)."""
+    tiles = triton.cdiv(max_seq_len, block_n)
+    if programs >= 2 * sm_count or tiles < 8:
+        return 1
+    splits = min(triton.cdiv(4 * sm_count, programs), tiles // 4, 64)
+    return triton.next_power_of_2(splits) if splits > 1 else 1
