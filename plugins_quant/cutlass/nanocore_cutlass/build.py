@@ -98,13 +98,27 @@ def toolchain_reason() -> str | None:
 
 
 def build_key(include_dirs: list[Path]) -> str:
-    """Hash of everything that changes the binary: sources, flags, torch / CUDA versions, header location."""
+    """Hash of everything that changes the binary: sources, flags, torch / CUDA versions, the compiler (path, size,
+    mtime: a new toolkit gets a new key) and the headers (location and CUTLASS's version.h), so a build that failed
+    with an old toolchain is not reported again once it is upgraded."""
     digest = hashlib.sha256()
     for name in sorted(p.name for p in CSRC.iterdir() if p.is_file()):
         digest.update(name.encode() + (CSRC / name).read_bytes())
-    for part in (CUDA_FLAGS, CXX_FLAGS, torch.__version__, torch.version.cuda, [str(d) for d in include_dirs]):
+    for part in (CUDA_FLAGS, CXX_FLAGS, torch.__version__, torch.version.cuda, [str(d) for d in include_dirs],
+                 _file_identity(nvcc_path())):
         digest.update(repr(part).encode())
+    for directory in include_dirs:
+        version_h = Path(directory) / "cutlass" / "version.h"
+        if version_h.is_file():
+            digest.update(version_h.read_bytes())
     return digest.hexdigest()[:16]
+
+
+def _file_identity(path: str | None) -> tuple:
+    if path is None:
+        return ()
+    stat = Path(path).stat()
+    return path, stat.st_size, int(stat.st_mtime)
 
 
 def build_dir() -> Path | None:

@@ -107,6 +107,20 @@ def test_build_key_changes_with_the_headers(hopper, tmp_path):
     assert build.build_dir() == hopper / "cache" / "cutlass" / build.build_key(dirs)
 
 
+def test_build_key_changes_with_the_cutlass_version_and_the_compiler(hopper, tmp_path, monkeypatch):
+    headers = tmp_path / "include"
+    (headers / "cutlass").mkdir(parents=True)
+    (headers / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 4\n")
+    before = build.build_key([headers])
+    (headers / "cutlass" / "version.h").write_text("#define CUTLASS_MAJOR 5\n")
+    assert build.build_key([headers]) != before  # same folder, upgraded headers: a failed build is retried
+    other_nvcc = tmp_path / "nvcc"
+    other_nvcc.write_text("a different compiler")
+    after_upgrade = build.build_key([headers])
+    monkeypatch.setattr(build, "nvcc_path", lambda: str(other_nvcc))
+    assert build.build_key([headers]) != after_upgrade
+
+
 def test_compile_failure_is_cached_with_its_log(hopper, monkeypatch):
     calls = []
 
