@@ -62,3 +62,10 @@ def test_an_interrupted_run_leaves_no_destination(source, tmp_path, monkeypatch)
     assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(dst)]) == 130
     assert not dst.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
+
+
+def test_a_leftover_from_a_killed_run_is_pointed_out(source, tmp_path, capsys):
+    leftover = tmp_path / ".dst.partial-abc123"  # what a SIGKILLed run leaves (it cannot clean up)
+    leftover.mkdir()
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "dst")]) == 0
+    assert f"{leftover} is left from an interrupted run" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import inspect
 import json
 import re
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -55,6 +56,8 @@ def run(args) -> int:
     if args.calib_text:
         calibration = collect_calibration(src, Path(args.calib_text), args.calib_samples, args.calib_seqlen)
     dst.parent.mkdir(parents=True, exist_ok=True)
+    for leftover in dst.parent.glob(f".{dst.name}.partial-*"):  # a killed run cannot clean up after itself
+        print(f"note: {leftover} is left from an interrupted run; delete it to free its space", file=sys.stderr)
     tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
     try:
         extra = {} if args.group_size is None else {"group_size": args.group_size}
@@ -63,9 +66,9 @@ def run(args) -> int:
         quant_config = write_quantized(src, tmp, method, calibration, args.ignore, extra)
         config["quantization_config"] = quant_config
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        for extra in src.iterdir():  # tokenizer, generation config, chat template ...
-            if extra.is_file() and extra.suffix != ".safetensors" and extra.name not in ("config.json", "model.safetensors.index.json"):
-                shutil.copy2(extra, tmp / extra.name)
+        for asset in src.iterdir():  # tokenizer, generation config, chat template ...
+            if asset.is_file() and asset.suffix != ".safetensors" and asset.name not in ("config.json", "model.safetensors.index.json"):
+                shutil.copy2(asset, tmp / asset.name)
         tmp.chmod(0o755)  # mkdtemp makes it private
         tmp.rename(dst)
     except BaseException:
