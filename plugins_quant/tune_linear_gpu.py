@@ -3,7 +3,7 @@
 ``source nanocore/bench/gpu_setup.sh && python plugins_quant/tune_linear_gpu.py OUTDIR [--budget-s 140]``
 Expected wall time about 2 minutes (Triton compiles included); variants not reached within the budget
 are recorded as skipped. Shapes: the four linears of a Qwen2.5-7B layer; times are medians of
-a CUDA-graph replay after an L2 flush (``nanocore.bench.linear.graph_time_ms``: no Python launch cost, as in
+a CUDA-graph replay after an L2 flush (``nanocore.bench.timing.graph_time_ms``: no Python launch cost, as in
 graph-captured decode) summed over the four; bf16 ``F.linear`` in the same run.
 Writes OUTDIR/tune_linear.json and prints, per (kernel, M), the default config and the best variant.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from nanocore.bench.linear import graph_time_ms
+from nanocore.bench.timing import graph_time_ms
 
 from nanocore.kernels.quant_gemm import (GemmConfig, default_config, int8_scaled_linear, weight_only_linear,
                                          weight_only_linear_torch)

@@ -17,6 +17,8 @@ import time
 
 import torch
 
+from nanocore.bench.timing import graph_time_ms
+
 #: (N, K) of the linears of one decoder layer; "tiny" keeps K a multiple of 128 for group-wise methods.
 SHAPES = {
     "qwen2.5-7b": {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584),
@@ -63,30 +65,6 @@ def time_ms(fn, device: torch.device) -> float:
         start = time.perf_counter()
         fn()
         times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def graph_time_ms(fn, reps: int = 20) -> float:
-    """Median milliseconds of ``fn`` captured in a CUDA graph (no Python launch cost, as in graph-captured
-    decode), replayed after an L2 flush each time so the weights come from HBM as in a real forward."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture stream: compiles, workspaces, split-K counters
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    flush = torch.empty(256 * 2**20, dtype=torch.int8, device="cuda")
-    times = []
-    for _ in range(reps):
-        flush.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
     return statistics.median(times)
 
 

@@ -15,6 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from nanocore.bench.timing import graph_replay, time_ms
+
 
 @dataclass(frozen=True)
 class ExpertShape:
@@ -43,34 +45,6 @@ def make_inputs(shape: ExpertShape, num_tokens: int, dtype: torch.dtype, device,
     w13 = (torch.randn(e, 2 * i, h, device=device, generator=g) * h ** -0.5).to(dtype)
     w2 = (torch.randn(e, h, i, device=device, generator=g) * i ** -0.5).to(dtype)
     return x, topk_weights, topk_ids, w13, w2
-
-
-def time_ms(fn, min_iters: int = 5, budget_ms: float = 200.0) -> float:
-    """Median of CUDA-event timings after warm-up, bounded by a small time budget."""
-    for _ in range(2):
-        fn()
-    times: list[float] = []
-    while len(times) < min_iters or (sum(times) < budget_ms and len(times) < 100):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
-def graph_replay(fn):
-    """Capture ``fn`` once (after a warm-up on a side stream) and return the replay."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return graph.replay
 
 
 def bench_case(executors: dict, shape: ExpertShape, num_tokens: int, dtype: torch.dtype, device="cuda") -> dict:

@@ -12,7 +12,7 @@ overlap off vs on; the two branches alone as graphs (routed = router + experts, 
 expert) give the ideal overlapped time max(routed, shared) against the sequential sum. With the ``eager``
 executor (host-synchronising, the 51.7 ms TPOT case) the launched forward only. Every case checks that
 overlap on == off bit for bit (eager, graph, graph vs eager). Timing: CUDA events, median of >= 5 calls
-(``nanocore.bench.moe.time_ms``), two rounds alternating off/on; the smaller median of the two is kept.
+(``nanocore.bench.timing.time_ms``), two rounds alternating off/on; the smaller median of the two is kept.
 """
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ from pathlib import Path
 
 import torch
 
-from nanocore.bench.moe import environment, time_ms
+from nanocore.bench.moe import environment
+from nanocore.bench.timing import capture, time_ms
 from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.distributed import ParallelContext
@@ -50,19 +51,6 @@ def make_block(cfg, executor) -> SparseMoeBlock:
     with torch.no_grad():
         block.gate.weight.normal_(0.0, 0.5)  # decisive, token-dependent routing
     return block.eval()
-
-
-def capture(fn):
-    """(graph, its output): warm-up on a side stream (compiles; the overlap takes its stream), then capture."""
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        fn()
-    torch.cuda.current_stream().wait_stream(warm)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
-    return graph, out
 
 
 def with_overlap(block, enabled: bool, fn):
