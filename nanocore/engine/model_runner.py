@@ -209,7 +209,6 @@ class ModelRunner:
     # ---- inputs --------------------------------------------------------------------------
     def prepare(self, seqs: list[Sequence], num_tokens: list[int], all_logits: bool = False) -> StepInputs:
         """Step tensors from per-sequence ranges ``[num_computed, num_computed + n)``; no per-token loops."""
-        bs = self.block_size
         num_seqs = len(seqs)
         starts_list = [s.num_computed_tokens for s in seqs]
         starts = np.array(starts_list, dtype=np.int64)
@@ -222,8 +221,6 @@ class ModelRunner:
             s.token_ids[a:b] for s, a, b in zip(seqs, starts_list, seq_lens.tolist())), np.int64, total)
         seq_index = np.repeat(np.arange(num_seqs), query_lens)
         positions = np.arange(total, dtype=np.int64) - np.repeat(cu_seqlens[:-1] - starts, query_lens)
-        block_tables = self._block_tables([s.block_table for s in seqs])
-        slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
         if all_logits:
             sample_rows = list(range(num_seqs))
             logits_indices = np.arange(total)
@@ -231,41 +228,40 @@ class ModelRunner:
             samples = seq_lens == np.array([s.num_tokens for s in seqs], dtype=np.int64)
             sample_rows = np.flatnonzero(samples).tolist()
             logits_indices = cu_seqlens[1:][samples] - 1
-        # one pinned upload of every index array; the int32 ones are converted on the device
-        parts = [input_ids, positions, slot_mapping, logits_indices, cu_seqlens, seq_lens, block_tables.ravel()]
-        sizes = [len(a) for a in parts]
-        on_device = upload(np.concatenate(parts, dtype=np.int64), self.device).split(sizes)
-        ids, pos, slots, logits_rows, cu, lens, tables = on_device
-        meta = AttentionMetadata(
-            slot_mapping=slots, query_start_loc=cu.int(), seq_lens=lens.int(),
-            block_tables=tables.int().view(block_tables.shape),
-            max_query_len=int(query_lens.max()), max_seq_len=int(seq_lens.max()),
-            kv_caches=self.kv_caches, codec=self.codec,
-            query_lens_cpu=query_lens.tolist(), seq_lens_cpu=seq_lens.tolist(),
-        )
+        pos, meta, (ids, logits_rows) = self._device_inputs(
+            seqs, seq_index, positions, cu_seqlens, seq_lens, query_lens.tolist(), [input_ids, logits_indices])
         return StepInputs(ids, pos, meta, logits_rows, sample_rows)
 
     def prepare_decode(self, seqs: list[Sequence], token_ids: torch.Tensor, rows: list[int] | None) -> StepInputs:
         """Inputs of a look-ahead decode step: each sequence's next position (``num_tokens``: its newest token
         is still on the device) fed by ``token_ids[rows]`` (all rows when None), the last step's samples."""
-        bs, n = self.block_size, len(seqs)
+        n = len(seqs)
         positions = np.fromiter([s.num_tokens for s in seqs], np.int64, n)
+        extra = [] if rows is None else [np.asarray(rows, dtype=np.int64)]
+        pos, meta, picked = self._device_inputs(seqs, np.arange(n), positions, np.arange(n + 1), positions + 1,
+                                                [1] * n, extra)
+        input_ids = token_ids if rows is None else token_ids.index_select(0, picked[0])
+        return StepInputs(input_ids, pos, meta, None, list(range(n)))
+
+    def _device_inputs(self, seqs: list[Sequence], seq_index: np.ndarray, positions: np.ndarray,
+                       cu_seqlens: np.ndarray, seq_lens: np.ndarray, query_lens_cpu: list[int],
+                       extra: list[np.ndarray]) -> tuple[torch.Tensor, AttentionMetadata, list[torch.Tensor]]:
+        """Positions and attention metadata on the device (slots from the block tables), plus ``extra`` index
+        arrays, in one pinned upload; the int32 tensors are converted on the device."""
+        bs = self.block_size
         block_tables = self._block_tables([s.block_table for s in seqs])
-        slot_mapping = block_tables[np.arange(n), positions // bs].astype(np.int64) * bs + positions % bs
-        seq_lens = positions + 1
-        parts = [positions, slot_mapping, np.arange(n + 1), seq_lens, block_tables.ravel()]
-        if rows is not None:
-            parts.append(np.asarray(rows, dtype=np.int64))
+        slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
+        parts = [positions, slot_mapping, cu_seqlens, seq_lens, block_tables.ravel(), *extra]
         on_device = upload(np.concatenate(parts, dtype=np.int64), self.device).split([len(a) for a in parts])
         pos, slots, cu, lens, tables = on_device[:5]
-        input_ids = token_ids if rows is None else token_ids.index_select(0, on_device[5])
         seq_lens_cpu = seq_lens.tolist()
         meta = AttentionMetadata(
             slot_mapping=slots, query_start_loc=cu.int(), seq_lens=lens.int(),
-            block_tables=tables.int().view(block_tables.shape), max_query_len=1, max_seq_len=max(seq_lens_cpu),
-            kv_caches=self.kv_caches, codec=self.codec, query_lens_cpu=[1] * n, seq_lens_cpu=seq_lens_cpu,
+            block_tables=tables.int().view(block_tables.shape),
+            max_query_len=max(query_lens_cpu), max_seq_len=max(seq_lens_cpu),
+            kv_caches=self.kv_caches, codec=self.codec, query_lens_cpu=query_lens_cpu, seq_lens_cpu=seq_lens_cpu,
         )
-        return StepInputs(input_ids, pos, meta, None, list(range(n)))
+        return pos, meta, list(on_device[5:])
 
     def _block_tables(self, tables: list[list[int]]) -> np.ndarray:
         """``block_table_array(tables)``, updated in place from the last step's when the rows hold the same
