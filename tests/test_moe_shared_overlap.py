@@ -29,12 +29,9 @@ def tiny_config(hidden=64, experts=8, top_k=2, inter=32, shared=48, layers=2):
 
 
 def make_build(device="cpu", dtype=torch.float32, executor=None, tp_size=1, **extra) -> ModelBuildContext:
-    build = ModelBuildContext(dtype=dtype, device=torch.device(device), parallel=ParallelContext(tp_size=tp_size),
-                              linear_method_factory=lambda prefix: UnquantizedLinearMethod(),
-                              moe_executor=executor or EagerMoEExecutor())
-    for name, value in extra.items():  # fields the engine config may add (moe_shared_expert_overlap)
-        setattr(build, name, value)
-    return build
+    return ModelBuildContext(dtype=dtype, device=torch.device(device), parallel=ParallelContext(tp_size=tp_size),
+                             linear_method_factory=lambda prefix: UnquantizedLinearMethod(),
+                             moe_executor=executor or EagerMoEExecutor(), **extra)
 
 
 def make_block(cfg, build, seed=0) -> SparseMoeBlock:

@@ -54,8 +54,8 @@ def shared_expert_overlap(build) -> StreamOverlap:
     Under TP both branches end in an all-reduce on one communicator; that pair is untested on two
     concurrent streams inside graph capture, so it stays sequential until measured on several GPUs.
     """
-    enabled = getattr(build, "moe_shared_expert_overlap", None)
-    enabled = moe_layer.SHARED_EXPERT_OVERLAP if enabled is None else bool(enabled)  # read now: settable
+    enabled = build.moe_shared_expert_overlap
+    enabled = moe_layer.SHARED_EXPERT_OVERLAP if enabled is None else enabled  # the module default, read now
     return StreamOverlap(enabled and build.parallel.tp_size == 1)
 
 
