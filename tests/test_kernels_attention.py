@@ -3,13 +3,10 @@
 Without CUDA the kernels run in Triton's interpreter (fp16/fp32, small shapes: the interpreter's bf16
 dot is wrong). ``cuda``-marked tests cover bf16, every block size, head_dim 64/128 and long contexts.
 """
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated, so set first
 pytest.importorskip("triton")
 
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec, flat_slots  # noqa: E402

@@ -3,13 +3,10 @@
 Without CUDA the kernels run in Triton's interpreter (fp32/fp16, small shapes). ``cuda``-marked tests
 cover bf16/fp16/fp32 through the layers' dispatch and a CUDA-graph capture (no host syncs).
 """
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # read when the kernels are decorated, so set first
 pytest.importorskip("triton")
 
 from nanocore.kernels import rmsnorm as rmsnorm_kernels  # noqa: E402
