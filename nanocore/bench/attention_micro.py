@@ -5,9 +5,8 @@
   ``torch.nn.attention.varlen.varlen_attn``; FLOP/s counted over the causal half.
 - decode: one token per sequence over a paged cache (default 64 x 4096); bytes = K + V read once.
 - store: the fused KV store for a prefill's worth of tokens.
-With ``--tune`` each kernel is also timed over a grid of tile configs. ``--quant-only`` times just decode
-at 64 x 4096 over bf16 / int8 / fp8_e4m3 / k_int8_v_fp8 caches, the "dequant", "fold" and default (fp16)
-quantized paths and a few tiles, in well under a minute (``attention_quant_tune.py`` is the full sweep).
+With ``--tune`` each kernel is also timed over a grid of tile configs. Quantized KV caches:
+``attention_quant_tune.py``.
 """
 from __future__ import annotations
 
@@ -17,7 +16,6 @@ import json
 import os
 import platform
 import sys
-import time
 
 import torch
 import triton
@@ -26,7 +24,6 @@ from triton.testing import do_bench
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.interfaces import KVCache, KVLayout
 from nanocore.kernels.kv_store import store_kv
-from nanocore.kernels import paged_attention as pa
 from nanocore.kernels.paged_attention import AttentionConfig, default_config, paged_attention
 from nanocore.layers.attention import AttentionMetadata
 
@@ -165,97 +162,6 @@ def decode(args, results, bandwidth):
     results["decode"] = {"heads": hq, "kv_heads": hkv, "head_dim": d, "runs": rows}
 
 
-QUANT_LAYOUTS = {
-    "bf16": None,
-    "int8": KVLayout(torch.int8, torch.int8, "token_head", "token_head"),
-    "fp8_e4m3": KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn, "token_head", "token_head"),
-    "k_int8_v_fp8": KVLayout(torch.int8, torch.float8_e4m3fn, "group", "token_head", group_size=32,
-                             scale_dtype=torch.float16),
-}
-#: Extra (block_n, warps, stages) tiles the new path is timed with, most promising first.
-QUANT_TILES = [(128, 4, 2), (128, 8, 2), (64, 4, 3), (32, 4, 2), (128, 4, 3), (64, 8, 2)]
-
-
-def quant_variants(name, layout, group, d):
-    """(path, config) pairs timed for one layout: old vs new at the old tile, the narrow default, tiles."""
-    old = default_config(1, group, d)  # the tile every layout ran with before NARROW_DECODE_TILE
-    if layout is None:
-        return [("bf16", old)]
-    tiles = [(old.block_n, old.num_warps, old.num_stages), pa.NARROW_DECODE_TILE] + QUANT_TILES
-    new = pa.default_quant_path()
-    paths = ["dequant", "fold", new] + (["fold_kdeq"] if layout.k_scale == "group" else [])
-    out = [(path, AttentionConfig(old.block_m, *tiles[0], quant_path=path)) for path in paths]
-    seen = {tiles[0]}
-    for tile in tiles[1:]:
-        if tile not in seen:
-            seen.add(tile)
-            out += [(path, AttentionConfig(old.block_m, *tile, quant_path=path)) for path in ("fold", new)]
-    return out
-
-
-def quant_decode(args, results, bandwidth):
-    """Decode at ``decode_seqs x decode_ctx`` per cache layout and quantized path. Variants run by rank
-    (old vs new at the old tile for every layout first, then the tiles round-robin over the layouts);
-    tiles past ``--deadline-s`` are skipped. ``rel_diff_vs_dequant``: output against the old path's."""
-    n, ctx, hq, hkv, d = args.decode_seqs, args.decode_ctx, args.heads, args.kv_heads, args.head_dim
-    cases, order = {}, []
-    for name, layout in QUANT_LAYOUTS.items():
-        q, cache, meta = paged_case(n, 1, ctx, hq, hkv, d, args.block_size, torch.bfloat16, layout)
-        nbytes = sum(t.numel() * t.element_size() for t in cache.tensors()) + 2 * q.numel() * 2
-        cases[name] = (layout, q, cache, meta, nbytes)
-        variants = quant_variants(name, layout, hq // hkv, d)
-        main = sum(cfg.block_n == variants[0][1].block_n and cfg.num_stages == variants[0][1].num_stages
-                   and cfg.num_warps == variants[0][1].num_warps for _, cfg in variants)
-        order += [(0 if i < main else i, name, path, cfg) for i, (path, cfg) in enumerate(variants)]
-    order.sort(key=lambda x: x[0])  # stable: layouts keep their order within a rank
-    deadline = time.monotonic() + args.deadline_s
-    rows, refs, bf16_ms = [], {}, None
-    for rank, name, path, cfg in order:
-        layout, q, cache, meta, nbytes = cases[name]
-        row = {"case": name, "path": path, "block_size": args.block_size, "config": cfg.__dict__}
-        if rank > 0 and time.monotonic() > deadline:
-            rows.append({**row, "skipped": "deadline"})
-            continue
-        fn = lambda: paged_attention(q, q, q, cache, meta, d ** -0.5, layout=layout, config=cfg)  # noqa: E731
-        try:
-            out = fn().float()
-            ms = bench(fn)
-        except Exception as exc:
-            rows.append({**row, "error": str(exc)[:200]})
-            continue
-        ref = refs.setdefault(name, out)  # the first variant of each layout: bf16, or the dequant path
-        bf16_ms = ms if layout is None else bf16_ms
-        tbps = nbytes / ms / 1e9
-        rows.append({**row, "num_seqs": n, "ctx": ctx, "ms": ms, "bytes": nbytes, "tb_per_s": tbps,
-                     "frac_of_copy_bw": tbps / bandwidth, "speedup_vs_bf16": bf16_ms / ms,
-                     "rel_diff_vs_dequant": ((out - ref).norm() / ref.norm()).item()})
-    rows.sort(key=lambda r: list(QUANT_LAYOUTS).index(r["case"]))
-    results["quant_decode"] = {"heads": hq, "kv_heads": hkv, "head_dim": d, "default_quant_path":
-                               pa.default_quant_path(), "narrow_decode_tile": pa.NARROW_DECODE_TILE, "runs": rows}
-
-
-def print_quant(results):
-    qd = results["quant_decode"]
-    print(f"{results['device']}  torch {results['torch']}  triton {results['triton']}  commit {results['commit']}")
-    print(f"copy bandwidth {results['copy']['tb_per_s']:.2f} TB/s; default quant path {qd['default_quant_path']!r}, "
-          f"narrow decode tile {qd['narrow_decode_tile']}")
-    for r in qd["runs"]:
-        c = r["config"]
-        tile = f"{c['block_n']}/{c['num_warps']}/{c['num_stages']}"
-        head = f"decode {r['case']:<13} {r['path']:<9} n/w/s {tile:<9}"
-        if "ms" not in r:
-            print(f"{head} {r.get('error') or r.get('skipped')}")
-            continue
-        print(f"{head} {r['ms']:7.3f} ms  {r['tb_per_s']:5.2f} TB/s ({100 * r['frac_of_copy_bw']:3.0f}% of copy)  "
-              f"x{r['speedup_vs_bf16']:.2f} vs bf16  diff vs dequant {r['rel_diff_vs_dequant']:.1e}")
-    for name in QUANT_LAYOUTS:
-        ok = [r for r in qd["runs"] if r["case"] == name and "ms" in r]
-        if ok:
-            best = min(ok, key=lambda r: r["ms"])
-            print(f"best {name:<13} {best['ms']:7.3f} ms  x{best['speedup_vs_bf16']:.2f} vs bf16  "
-                  f"{best['path']} {best['config']}")
-
-
 def store(args, results, bandwidth):
     t, hkv, d = args.prefill_seqs * args.prefill_len, args.kv_heads, args.head_dim
     codec = UnquantizedKVCodec()
@@ -283,22 +189,12 @@ def main(argv=None):
     p.add_argument("--prefill-len", type=int, default=1024)
     p.add_argument("--decode-seqs", type=int, default=64)
     p.add_argument("--decode-ctx", type=int, default=4096)
-    p.add_argument("--quant-only", action="store_true", help="only the quantized-decode comparison")
-    p.add_argument("--deadline-s", type=float, default=35.0, help="--quant-only: stop adding tile variants after")
     args = p.parse_args(argv)
     torch.manual_seed(0)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "python": platform.python_version(), "commit": args.commit, "args": vars(args)}
     results["copy"] = copy_bandwidth()
     bw = results["copy"]["tb_per_s"]
-    if args.quant_only:
-        BENCH_MS.update(warmup=10, rep=60)
-        quant_decode(args, results, bw)
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump(results, f, indent=1)
-        print_quant(results)
-        return
     prefill(args, results)
     decode(args, results, bw)
     store(args, results, bw)

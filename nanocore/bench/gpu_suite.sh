@@ -75,7 +75,7 @@ profile)
   TAIL=20 step 60 python3 -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --device cuda --dtype bfloat16 \
     --batch-sizes 1 64 256 --context-len 512 --json "$out/step_profile_0.6b.json" ;;
 codecs)
-  TAIL=30 step 60 python3 nanocore/bench/attention_micro.py --quant-only --json "$out/attention_quant.json"
+  TAIL=30 step 150 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 120
   step 55 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
   step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec k_int8_v_fp8 \
     --json "$out/latency_qwen3_0.6b_k_int8_v_fp8.json" ;;
