@@ -20,7 +20,7 @@ class UnquantizedKVCodec(KVCodec):
 
     def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         if k.is_cuda and attention_dispatch.available():  # one fused launch, no host sync (graph-safe)
-            attention_dispatch.store_kv(cache, k.contiguous(), v.contiguous(), slot_mapping, self.layout(k.dtype))
+            attention_dispatch.store_kv(cache, k, v, slot_mapping, self.layout(k.dtype))
             return
         valid = slot_mapping >= 0
         slots = slot_mapping[valid]

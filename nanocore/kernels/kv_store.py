@@ -116,8 +116,9 @@ def store_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
     num_tokens, num_kv_heads, head_dim = k.shape
     if num_tokens == 0:
         return
-    if k.stride(-1) != 1 or v.stride(-1) != 1:
-        raise ValueError("store_kv needs head_dim contiguous k and v")
+    # strided token / head views (the qkv split) go in as they are; only a strided head_dim needs a copy
+    k = k if k.stride(-1) == 1 else k.contiguous()
+    v = v if v.stride(-1) == 1 else v.contiguous()
     kc = cache.k.view(-1, *cache.k.shape[2:])
     vc = cache.v.view(-1, *cache.v.shape[2:])
     ks = cache.k_scale.view(-1, *cache.k_scale.shape[2:]) if cache.k_scale is not None else kc

@@ -57,8 +57,6 @@ class ScaledKVCodec(KVCodec):
     def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         layout = self.layout(k.dtype)
         if k.is_cuda and attention_dispatch.available():  # strided views (the qkv split) go in as they are
-            k = k if k.stride(-1) == 1 else k.contiguous()
-            v = v if v.stride(-1) == 1 else v.contiguous()
             attention_dispatch.store_kv(cache, k, v, slot_mapping, layout)
         else:
             from nanocore.kernels.kv_store import store_kv_reference
