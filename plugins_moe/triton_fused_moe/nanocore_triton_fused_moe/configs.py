@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from nanocore.loader.default_model import cache_dir
+
 logger = logging.getLogger("nanocore.triton_fused_moe")
 
 PACKAGE_CONFIG_DIR = Path(__file__).with_name("configs")
@@ -25,7 +27,7 @@ CONFIG_KEYS = ("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "num_warps", "num_sta
 
 def user_config_dir() -> Path:
     """``$NANOCORE_CACHE_DIR/moe_configs`` (default ``~/.cache/nanocore/moe_configs``)."""
-    return Path(os.environ.get("NANOCORE_CACHE_DIR") or Path.home() / ".cache" / "nanocore") / "moe_configs"
+    return cache_dir() / "moe_configs"
 
 
 def triton_version() -> str:
@@ -34,7 +36,9 @@ def triton_version() -> str:
     return ".".join(triton.__version__.split(".")[:2])
 
 
+@functools.lru_cache(maxsize=None)
 def device_name(device: torch.device) -> str:
+    """The GPU's name as config files spell it (cached: every MoE layer asks on every step)."""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
     return name.replace(" ", "_")
 

@@ -19,6 +19,8 @@ from types import ModuleType
 
 import torch
 
+from nanocore.loader.default_model import cache_dir
+
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "quantize_fp8.cu", "fp8_gemm_sm90_bf16.cu", "fp8_gemm_sm90_fp16.cu")
 CUDA_FLAGS = ["-gencode=arch=compute_90a,code=sm_90a", "-std=c++17", "-O3", "--expt-relaxed-constexpr",
@@ -36,7 +38,7 @@ class CutlassBuildError(RuntimeError):
 
 def cache_root() -> Path:
     """``$NANOCORE_CACHE_DIR/cutlass`` (default ``~/.cache/nanocore/cutlass``), as the core resolves its cache."""
-    return Path(os.environ.get("NANOCORE_CACHE_DIR") or Path.home() / ".cache" / "nanocore") / "cutlass"
+    return cache_dir() / "cutlass"
 
 
 def _include_dirs_under(root: Path) -> list[Path] | None:
