@@ -150,7 +150,6 @@ def build_sampling_tensors(seqs: list[Sequence], eos_token_ids: list[int],
         all_greedy=all(t == 0 for t in temperatures),
         any_greedy=any(t == 0 for t in temperatures),
         max_num_logprobs=max(wants_logprobs) if wants_logprobs else None,
-        seeded_rows=[i for i, g in enumerate(generators) if g is not None],
     )
     return base, min_tokens_rows
 

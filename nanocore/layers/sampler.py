@@ -28,7 +28,11 @@ class SamplingTensors:
     max_num_logprobs: int | None = None  # None = no row wants logprobs
     #: (row index, token id) pairs whose logits are masked (min_tokens: EOS / stop ids not allowed yet).
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
-    seeded_rows: list[int] | None = None  # rows whose generator is set; None = find them in ``generators``
+    seeded_rows: list[int] | None = None  # rows whose generator is set (found in ``generators`` when not given)
+
+    def __post_init__(self):
+        if self.seeded_rows is None:
+            self.seeded_rows = [i for i, g in enumerate(self.generators) if g is not None]
 
 
 @dataclass
@@ -66,11 +70,10 @@ def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
 
 
 def exponential_noise(probs: torch.Tensor, generators: list[torch.Generator | None],
-                      default: torch.Generator | None, seeded: list[int] | None = None) -> torch.Tensor:
-    """Exp(1) noise per row; seeded rows use their own generator so they do not depend on the batch."""
+                      default: torch.Generator | None, seeded: list[int]) -> torch.Tensor:
+    """Exp(1) noise per row; seeded rows (their indices: ``seeded``) use their own generator so they do not
+    depend on the batch."""
     noise = torch.empty_like(probs)
-    if seeded is None:
-        seeded = [i for i, g in enumerate(generators) if g is not None]
     if len(seeded) < len(generators):
         noise.exponential_(generator=default)
     for i in seeded:
@@ -94,7 +97,7 @@ class Sampler(nn.Module):
             return SamplerOutput(sampling_kernels.gumbel_argmax(logits, params.temperatures, seed))
         logits = logits.float()
         if params.banned is not None:
-            logits = logits.index_put(params.banned, torch.tensor(float("-inf"), device=logits.device))
+            logits = logits.index_put(params.banned, torch.full((), float("-inf"), device=logits.device))  # no H2D copy
         if params.all_greedy:
             processed = logits
             token_ids = logits.argmax(dim=-1)
@@ -119,8 +122,7 @@ class Sampler(nn.Module):
             return False
         if params.top_k is not None or params.top_p is not None or params.min_p is not None:
             return False
-        seeded = params.seeded_rows if params.seeded_rows is not None else [g for g in params.generators if g is not None]
-        return params.banned is None and params.max_num_logprobs is None and not seeded
+        return params.banned is None and params.max_num_logprobs is None and not params.seeded_rows
 
     @staticmethod
     def _logprobs(processed: torch.Tensor, token_ids: torch.Tensor, num: int) -> SamplerOutput:
