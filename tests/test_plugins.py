@@ -165,3 +165,10 @@ def test_loading_in_a_freshly_spawned_process():
             names, failed = pool.submit(registry_summary).result(timeout=120)
     assert "fake_linear" in names and "unquantized" in names
     assert failed == ["fake_broken"]
+
+
+def test_check_options_refuses_a_bool_where_a_number_is_expected():
+    from nanocore.interfaces import check_options
+    with pytest.raises(ValueError, match="must be int, got True"):
+        check_options("prefill_first", {"chunk_size": True}, {"chunk_size": int})
+    assert check_options("x", {"flag": True, "n": 3}, {"flag": bool, "n": int}) == {"flag": True, "n": 3}

@@ -36,7 +36,9 @@ def check_options(backend: str, options: dict[str, Any], allowed: dict[str, type
             f"backend {backend!r} got unknown option(s) {unknown}; allowed options: {sorted(allowed) or 'none'}"
         )
     for key, value in options.items():
-        if not isinstance(value, allowed[key]):
+        # bool is an int subclass in Python; True is never a meaningful count or size
+        wrong_bool = isinstance(value, bool) and allowed[key] is not bool
+        if wrong_bool or not isinstance(value, allowed[key]):
             raise ValueError(
                 f"backend {backend!r} option {key!r} must be {allowed[key].__name__}, got {value!r}"
             )

@@ -25,7 +25,7 @@ class DecodeFirstPolicy(SchedulerPolicy):
     def __init__(self, options=None):
         super().__init__(check_options("decode_first", dict(options or {}), {"chunk_size": int}))
         self.chunk_size = self.options.get("chunk_size", DEFAULT_CHUNK_SIZE)
-        if isinstance(self.chunk_size, bool) or self.chunk_size < 0:
+        if self.chunk_size < 0:
             raise ValueError(f"decode_first chunk_size must be an int >= 0 (0 = only the token budget caps a "
                              f"chunk), got {self.chunk_size!r}")
 
