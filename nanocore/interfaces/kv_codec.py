@@ -33,7 +33,10 @@ class KVLayout:
             return 0
         if granularity == "token_head":
             return 1
-        assert head_dim % self.group_size == 0, "head_dim must be a multiple of the group size"
+        if not self.group_size or head_dim % self.group_size:
+            raise ValueError(f"this KV layout scales per group of {self.group_size} along head_dim, but head_dim is "
+                             f"{head_dim}: use a codec with one scale per token and head, or a group size that "
+                             f"divides head_dim")
         return head_dim // self.group_size
 
 
@@ -79,8 +82,14 @@ class KVCodec(Backend):
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, device: torch.device,
     ) -> KVCache:
-        """Allocate one layer's cache according to ``layout``."""
+        """Allocate one layer's cache according to ``layout`` (a layout that does not fit ``head_dim`` is an error
+        naming this codec)."""
         layout = self.layout(dtype)
+        for granularity in (layout.k_scale, layout.v_scale):
+            try:
+                layout.num_scale_groups(granularity, head_dim)
+            except ValueError as exc:
+                raise ValueError(f"KV codec {self.name!r}: {exc}") from None
         shape = (num_blocks, block_size, num_kv_heads, head_dim)
 
         def scales(granularity: ScaleGranularity) -> torch.Tensor | None:

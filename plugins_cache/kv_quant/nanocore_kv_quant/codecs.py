@@ -46,14 +46,6 @@ class ScaledKVCodec(KVCodec):
         return KVLayout(k_dtype=self.k_dtype, v_dtype=self.v_dtype, k_scale=self.k_scale, v_scale=self.v_scale,
                         group_size=self.group_size, scale_dtype=self.scale_dtype)
 
-    def allocate(self, num_blocks, block_size, num_kv_heads, head_dim, dtype, device) -> KVCache:
-        if self.group_size and head_dim % self.group_size:
-            raise ValueError(
-                f"KV codec {self.name!r} scales K per group of {self.group_size} along head_dim, but the model's "
-                f"head_dim is {head_dim}; use the 'int8' or 'fp8_e4m3' codec (one scale per token and head) instead"
-            )
-        return super().allocate(num_blocks, block_size, num_kv_heads, head_dim, dtype, device)
-
     def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
         layout = self.layout(k.dtype)
         if k.is_cuda and attention_dispatch.available():  # strided views (the qkv split) go in as they are
