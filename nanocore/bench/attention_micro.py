@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
-import os
 import platform
 import sys
 
@@ -21,6 +20,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from nanocore.bench.report import git_commit
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.interfaces import KVCache, KVLayout
 from nanocore.kernels.kv_store import store_kv
@@ -180,7 +180,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", default=None)
     p.add_argument("--tune", action="store_true")
-    p.add_argument("--commit", default=os.environ.get("NANOCORE_COMMIT", "unknown"))
+    p.add_argument("--commit", default=None, help="recorded commit (default: the checkout's, or NANOCORE_GIT_COMMIT)")
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--kv-heads", type=int, default=8)
     p.add_argument("--head-dim", type=int, default=128)
@@ -192,7 +192,7 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.manual_seed(0)
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "python": platform.python_version(), "commit": args.commit, "args": vars(args)}
+               "python": platform.python_version(), "commit": args.commit or git_commit(), "args": vars(args)}
     results["copy"] = copy_bandwidth()
     bw = results["copy"]["tb_per_s"]
     prefill(args, results)

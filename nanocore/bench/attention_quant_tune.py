@@ -26,6 +26,7 @@ import torch
 import triton
 from triton.testing import do_bench
 
+from nanocore.bench.report import git_commit
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.kernels import paged_attention as pa
 from nanocore.kernels.kv_store import store_kv
@@ -227,7 +228,7 @@ def main(argv=None) -> int:
     os.makedirs(args.outdir, exist_ok=True)
     start = time.monotonic()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-               "python": platform.python_version(), "commit": os.environ.get("NANOCORE_COMMIT", "unknown"),
+               "python": platform.python_version(), "commit": git_commit(),
                "default_quant_path": pa.default_quant_path(), "narrow_decode_tile": pa.NARROW_DECODE_TILE,
                "heads": [HEADS, KV_HEADS, HEAD_DIM], "block_size": BLOCK, "shapes": SHAPES,
                "check_tol": CHECK_TOL, "decode": [], "store": {},
