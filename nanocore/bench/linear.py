@@ -58,7 +58,7 @@ def time_ms(fn, device: torch.device) -> float:
     """Median milliseconds: ``triton.testing.do_bench`` on CUDA (L2 flushed between runs), wall clock on CPU."""
     if device.type == "cuda":
         from triton.testing import do_bench
-        return float(do_bench(fn, warmup=10, rep=40))
+        return float(do_bench(fn, warmup=10, rep=40, return_mode="median"))
     fn()
     times = []
     for _ in range(5):
