@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from nanocore.interfaces import KINDS
 from nanocore.plugins import AUTO, BackendError, get_registry
@@ -84,13 +84,6 @@ class EngineConfig(BaseModel):
         if value not in ("auto", "cpu", "cuda") and not (value.startswith("cuda:") and value[5:].isdigit()):
             raise ValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {value!r}")
         return value
-
-    @model_validator(mode="after")
-    def _lengths_fit(self) -> EngineConfig:
-        if self.max_model_len is not None and self.num_kv_blocks is not None:
-            if self.num_kv_blocks * self.block_size < self.block_size:
-                raise ValueError("num_kv_blocks must hold at least one block")
-        return self
 
     def backend(self, kind: str) -> tuple[str, dict[str, Any]]:
         """(name, options) chosen for one extension point."""

@@ -30,11 +30,6 @@ class ParallelContext:
         assert 0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} outside tp_size {self.tp_size}"
         assert 0 <= self.ep_rank < self.ep_size, f"ep_rank {self.ep_rank} outside ep_size {self.ep_size}"
 
-    @property
-    def is_driver(self) -> bool:
-        """Rank 0 of the tensor-parallel group (the one that samples and reports)."""
-        return self.tp_rank == 0
-
 
 def tp_all_reduce(x: torch.Tensor, parallel: ParallelContext) -> torch.Tensor:
     """Sum ``x`` over the tensor-parallel group (in place when distributed)."""

@@ -334,9 +334,3 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, SPLITS_PAD=triton.next_power_of_2(splits),
             num_warps=4)
     return out
-
-
-def paged_attention_torch(q, k_new, v_new, cache, meta, scale):
-    """The torch twin: the layer's reference path (gather + SDPA with a lower-right causal mask)."""
-    from nanocore.layers.attention import paged_attention_reference
-    return paged_attention_reference(q, k_new, v_new, cache, meta, scale)

@@ -15,8 +15,6 @@ ARCHITECTURES: dict[str, str] = {
     "Qwen2MoeForCausalLM": "nanocore.models.qwen2_moe:Qwen2MoeForCausalLM",
     "Qwen3MoeForCausalLM": "nanocore.models.qwen3_moe:Qwen3MoeForCausalLM",
 }
-#: Known architectures whose model code has not landed yet, with why.
-PLANNED: dict[str, str] = {}
 
 
 def supported_architectures() -> list[str]:
@@ -29,10 +27,6 @@ def model_class(hf_config) -> type:
         if name in ARCHITECTURES:
             module, _, cls = ARCHITECTURES[name].partition(":")
             return getattr(importlib.import_module(module), cls)
-    for name in names:
-        if name in PLANNED:
-            raise NotImplementedError(f"architecture {name!r} is not implemented yet ({PLANNED[name]}); "
-                                      f"supported architectures: {supported_architectures()}")
     raise ValueError(f"config.json declares architectures {names or 'none'}; nanocore supports "
                      f"{supported_architectures()} (set 'architectures' in config.json to one of them)")
 
