@@ -5,11 +5,9 @@ the names its callers use.
 """
 from __future__ import annotations
 
-import functools
 import os
 from dataclasses import dataclass
 
-import torch
 import triton
 
 #: How quantized K/V tiles meet the dots (``AttentionConfig.quant_path``; None picks this default):
@@ -48,11 +46,6 @@ class AttentionConfig:
     num_stages: int
     num_splits: int = 0
     quant_path: str | None = None
-
-
-@functools.lru_cache(maxsize=None)
-def sm_count(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def default_quant_path() -> str:

@@ -14,12 +14,13 @@ bit tricks reproduce exactly.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch
 import triton
 import triton.language as tl
+
+from nanocore.kernels.device import converts_fp8
 
 #: fp8 values come out of the ``CVT`` 1 bit trick divided by this (e4m3 bias 7 vs fp16 bias 15).
 FP8_BITS_UNIT = 256.0
@@ -277,12 +278,6 @@ def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
 _NARROW_DTYPES = (torch.int8, torch.float8_e4m3fn)
 
 
-@functools.lru_cache(maxsize=None)
-def _has_fp8_cvt(device_index: int) -> bool:
-    """``cvt.rn.f16x2.e4m3x2`` exists from sm_89; older GPUs take the bit-trick conversion."""
-    return torch.cuda.get_device_capability(device_index) >= (8, 9)
-
-
 def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int, int], k_group: int,
                  head_dim: int) -> dict:
     """Constexprs of the fp16 path for ``paged_attention_kernel`` (``NARROW`` False where ``path`` or the
@@ -303,7 +298,7 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     # "_vw": V as int32 words, "_kvw": K too (head_dim and K's scale groups in whole words)
     words = {"_vw": 1, "_kvw": 2}.get(path[path.rfind("_"):], 0) if head_dim % 4 == 0 else 0
     words = 1 if words == 2 and codes[0] == 2 and k_group % 4 else words
-    cvt = 0 if interpret else (2 if "hwcvt" in path and _has_fp8_cvt(q.device.index or 0) else 1)
+    cvt = 0 if interpret else (2 if "hwcvt" in path and converts_fp8(q.device) else 1)
     unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
     # 2-byte scales travel as int32 words (pairs of heads, or pairs of groups of one head)
     k_halves = (codes[0] != 0 and ks.element_size() == 2 and ks.stride(0) % 2 == 0

@@ -19,7 +19,8 @@ import triton.language as tl
 from nanocore.interfaces import KVCache, KVLayout
 from nanocore.kernels.attention_config import (DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE,  # noqa: F401
                                               QUANT_PATHS, AttentionConfig, choose_num_splits, default_config,
-                                              default_quant_path, sm_count)
+                                              default_quant_path)
+from nanocore.kernels.device import sm_count
 from nanocore.kernels.narrow_attention import load_rows as _load_raw
 from nanocore.kernels.narrow_attention import narrow_constexprs, narrow_pv, narrow_scores
 
@@ -305,7 +306,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, c
     programs = num_seqs * num_q_tiles * num_kv_heads
     splits = cfg.num_splits
     if splits == 0:
-        splits = choose_num_splits(programs, meta.max_seq_len, cfg.block_n, sm_count(q.device.index or 0)) \
+        splits = choose_num_splits(programs, meta.max_seq_len, cfg.block_n, sm_count(q.device)) \
             if q.is_cuda and num_q_tiles == 1 else 1
     head_dim_pad = triton.next_power_of_2(head_dim)
     out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)

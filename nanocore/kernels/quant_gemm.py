@@ -14,12 +14,12 @@ Torch reference: :func:`weight_only_linear_torch`. Used by the fp8, int8 and awq
 """
 from __future__ import annotations
 
-import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from nanocore.kernels.device import converts_fp8, sm_count
 
 try:
     import triton
@@ -63,18 +63,6 @@ def gemm_input_rows(x: torch.Tensor, expected_k: int, what: str = "the weight") 
     return (x2 if x2.stride(-1) == 1 else x2.contiguous()), tuple(lead)
 
 
-@functools.lru_cache(maxsize=None)
-def _num_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
-@functools.lru_cache(maxsize=None)
-def _native_fp8(device: torch.device) -> bool:
-    if device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1":
-        return False
-    return torch.cuda.get_device_capability(device) >= (8, 9)
-
-
 def default_config(m: int, n: int, k: int) -> GemmConfig:
     """The measured-best variant for an ``[m, k] x [k, n]`` shape (tune_linear_gpu.py picks these)."""
     if m <= DECODE_MAX_M:
@@ -101,7 +89,7 @@ def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int 
     """K slices: enough programs for ~4 per SM, each slice at least two K tiles long."""
     if requested:
         return max(1, min(requested, k_tiles))
-    want = triton.cdiv(4 * _num_sms(device), grid_n)
+    want = triton.cdiv(4 * sm_count(device), grid_n)
     return max(1, min(want, k_tiles // 2, 16))
 
 
@@ -131,7 +119,7 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     cfg = config or default_config(m, n, k)
     w_kind, w = W_INT8, weight
     if weight.dtype == torch.float8_e4m3fn:
-        native = _native_fp8(x.device) if cfg.fp8_native is None else cfg.fp8_native
+        native = converts_fp8(x.device) if cfg.fp8_native is None else cfg.fp8_native
         w_kind, w = (W_FP8, weight) if native else (W_FP8_BITS, weight.view(torch.uint8))
     s = scale.reshape(-1).float()  # a view for the float32 scales the plugins keep: no copy per call
     if w_kind == W_FP8_BITS:
