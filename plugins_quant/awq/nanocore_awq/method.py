@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, check_options
+from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.quant_utils import (AWQ_PACK_FACTOR, CheckpointFormatError, add_param, awq_pack, check_all_loaded,
                                   config_option, quantizable_linears, tensor_name)
@@ -78,8 +79,7 @@ class AWQLinearMethod(LinearMethod):
         if self.kernel == "triton" and not usable:
             raise RuntimeError("awq: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
         run = awq_linear_triton if usable else awq_linear_torch
-        if x.shape[-1] != layer.qweight.shape[0]:
-            raise ValueError(f"awq: input has {x.shape[-1]} features, the layer expects {layer.qweight.shape[0]}")
+        gemm_input_rows(x, layer.qweight.shape[0], "awq's layer")  # a wrong K is a clear error on either path
         return run(x, layer.qweight, layer.qzeros, layer.scales, bias)
 
     @classmethod

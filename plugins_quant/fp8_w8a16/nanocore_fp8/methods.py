@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, check_options
+from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, config_option, quantize_checkpoint_linears,
                                   quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight)
@@ -104,8 +105,7 @@ class Fp8W8A8LinearMethod(_Fp8Base):
         return None if device.type == "cpu" else f"{cls.name} runs on CPU or NVIDIA GPUs, not {device.type}"
 
     def apply(self, layer, x, bias=None):
-        lead, k = x.shape[:-1], x.shape[-1]
-        x2 = x.reshape(-1, k)
+        x2, lead = gemm_input_rows(x, layer.weight.shape[1], f"{self.name}'s layer")
         if self.activation_scheme == "static":
             x_scale = layer.input_scale.view(1, 1).expand(x2.shape[0], 1).contiguous()
             xq = quantize_fp8(x2, x_scale)

@@ -13,7 +13,8 @@ import torch
 
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.kernels.quant_gemm import DECODE_MAX_M, int8_scaled_linear, weight_only_linear, weight_only_linear_torch
+from nanocore.kernels.quant_gemm import (DECODE_MAX_M, gemm_input_rows, int8_scaled_linear, weight_only_linear,
+                                         weight_only_linear_torch)
 from nanocore.quant_utils import INT8_MAX, CheckpointFormatError, quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row
 from nanocore.quant_weights import ChannelScaledWeights
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
@@ -119,10 +120,7 @@ class Int8W8A8LinearMethod(_Int8Base):
     def apply(self, layer, x, bias=None):
         if self.activation_scheme == "none" or (x.is_cuda and x.numel() // x.shape[-1] < _INT_MM_MIN_M):
             return self._weight_only(layer, x, bias)  # decode is bandwidth-bound: read int8 weights once
-        lead, k = x.shape[:-1], x.shape[-1]
-        if k != layer.weight.shape[1]:
-            raise ValueError(f"{self.name}: input has {k} features, the layer expects {layer.weight.shape[1]}")
-        x2 = x.reshape(-1, k)
+        x2, lead = gemm_input_rows(x, layer.weight.shape[1], f"{self.name}'s layer")
         if self.activation_scheme == "static":
             x_scale = layer.input_scale.view(1, 1)
             xq = quantize_int8(x2, x_scale)
