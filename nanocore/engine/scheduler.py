@@ -127,12 +127,13 @@ class Scheduler:
         arrivals (or itself, ending the batch); an admission that does not fit is undone and closes
         admissions for this step. Returns the batch and whether an admission failed."""
         batch = ScheduledBatch([], [])
-        waiting_at_decision = set(map(id, self.waiting))
+        # statuses as decided (validated: waiting or running), before this loop preempts anything: O(items)
+        was_waiting = [item.seq.status is SequenceStatus.WAITING for item in decision.items]
         admission_failed = False
         block_size = self.block_manager.block_size
-        for item in decision.items:
+        for item, admission in zip(decision.items, was_waiting):
             seq = item.seq
-            if id(seq) in waiting_at_decision:
+            if admission:
                 if seq.status is not SequenceStatus.WAITING or admission_failed:
                     continue  # preempted earlier in this step / keep the waiting order after a failed admission
                 if not self._admit(seq, item.num_tokens):
