@@ -250,7 +250,7 @@ class LLMEngine:
         if detokenizer is not None or token_id in params.stop_token_ids or (
                 not params.ignore_eos and token_id in self.eos_token_ids):
             self._check_stop(seq, detokenizer, token_id, num_output_tokens >= params.min_tokens)
-        if seq.finish_reason is None and (num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len):
+        if seq.finish_reason is None and seq.reaches_length(seq.num_tokens, self.max_model_len):
             seq.finish_reason = "length"
         return seq.finish_reason is not None
 

@@ -62,17 +62,17 @@ def lookahead_rows(batch: ScheduledBatch, scheduler: Scheduler, requests: dict,
     if scheduler.waiting or len(batch.seqs) != len(scheduler.running) or batch.total_tokens != len(batch.seqs):
         return None
     rows, needed = [], 0
-    block_size = scheduler.block_manager.block_size
+    block_manager = scheduler.block_manager
     for i, seq in enumerate(batch.seqs):
         num_tokens = seq.num_tokens
         if (seq.num_computed_tokens + 1 != num_tokens or seq.output_logprobs is not None
                 or requests[seq.request_id].detokenizers[seq.index] is not None):
             return None
-        if num_tokens + 1 - seq.num_prompt_tokens >= seq.max_tokens or num_tokens + 1 >= max_model_len:
+        if seq.reaches_length(num_tokens + 1, max_model_len):
             continue  # finishes at this step: nothing to look ahead for
         rows.append(i)
-        needed += num_tokens + 1 > len(seq.block_table) * block_size
-    if not rows or needed > len(scheduler.block_manager.free_blocks):
+        needed += block_manager.blocks_needed(seq, num_tokens + 1)
+    if not rows or needed > len(block_manager.free_blocks):
         return None
     return rows
 
@@ -80,9 +80,8 @@ def lookahead_rows(batch: ScheduledBatch, scheduler: Scheduler, requests: dict,
 def allocate_lookahead(block_manager: BlockManager, seqs: list[Sequence]) -> list[tuple[Sequence, int]]:
     """Blocks for each sequence's next position (checked free by ``lookahead_rows``); returns the grown ones."""
     grown = []
-    capacity = block_manager.block_size
     for seq in seqs:
-        if seq.num_tokens + 1 > len(seq.block_table) * capacity:
+        if block_manager.blocks_needed(seq, seq.num_tokens + 1):
             before = seq.num_blocks
             ok = block_manager.allocate(seq, seq.num_tokens + 1)
             assert ok, "lookahead_rows counted free blocks that allocate() could not take"

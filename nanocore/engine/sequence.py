@@ -65,6 +65,10 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
+    def reaches_length(self, num_tokens: int, max_model_len: int) -> bool:
+        """Whether holding ``num_tokens`` tokens ends this sequence by length (max_tokens or max_model_len)."""
+        return num_tokens - self.num_prompt_tokens >= self.max_tokens or num_tokens >= max_model_len
+
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.num_tokens += 1
