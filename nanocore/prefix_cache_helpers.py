@@ -28,6 +28,20 @@ def check_insert(token_ids: Sequence[int], block_ids: Sequence[int], block_size:
         raise ValueError(f"insert got block ids {bad} outside [0, {num_blocks}); pass ids the BlockManager allocated")
 
 
+def published_prefix(token_ids: Sequence[int], block_ids: Sequence[int], block_size: int,
+                     by_block: dict) -> tuple[int, object | None]:
+    """(index of the first block ``insert`` still has to add, the cached node of the block before it).
+
+    The BlockManager publishes a sequence one new block at a time, so ``insert`` resumes after the last of
+    its blocks already cached for these tokens (``by_block``: block id -> node with ``token_ids``) instead of
+    walking the whole prefix again: a block's KV depends on its whole prefix, so its node is on this path."""
+    for i in range(len(block_ids) - 1, -1, -1):
+        node = by_block.get(block_ids[i])
+        if node is not None and node.token_ids == tuple(token_ids[i * block_size:(i + 1) * block_size]):
+            return i + 1, node
+    return 0, None
+
+
 class EvictableLRU:
     """Blocks that may be evicted, popped least recently used first.
 

@@ -16,7 +16,7 @@ from typing import Sequence
 import xxhash
 
 from nanocore.interfaces import PrefixCache, check_options
-from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks
+from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks, published_prefix
 
 ROOT_KEY = 0
 
@@ -71,7 +71,7 @@ class HashPrefixCache(PrefixCache):
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> None:
         check_insert(token_ids, block_ids, self.block_size, self.num_blocks)
-        start, parent = self._published_prefix(token_ids, block_ids)
+        start, parent = published_prefix(token_ids, block_ids, self.block_size, self._by_block)
         new_blocks = full_blocks(token_ids[start * self.block_size:], self.block_size, len(block_ids) - start)
         for block_id, block in zip(block_ids[start:], new_blocks):
             key = self.block_hash(parent.key if parent else ROOT_KEY, block)
@@ -79,16 +79,6 @@ class HashPrefixCache(PrefixCache):
             if entry.block_id is None:
                 self._publish(entry, block_id)
             parent = entry  # an entry published under another block id keeps serving this prefix
-
-    def _published_prefix(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> tuple[int, Entry | None]:
-        """(index of the first block to hash, its parent entry): a sequence publishes one new block at a time,
-        so resume after the last of its blocks already published for these tokens instead of rehashing all."""
-        bs = self.block_size
-        for i in range(len(block_ids) - 1, -1, -1):
-            entry = self._by_block.get(block_ids[i])
-            if entry is not None and entry.token_ids == tuple(token_ids[i * bs:(i + 1) * bs]):
-                return i + 1, entry  # a block's KV holds its whole prefix: the entry's chain is this one
-        return 0, None
 
     def _add_entry(self, key: int, block: tuple[int, ...], parent: Entry | None) -> Entry:
         entry = Entry(key, block, parent)

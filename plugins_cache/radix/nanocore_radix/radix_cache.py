@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from nanocore.interfaces import PrefixCache, check_options
-from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks
+from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks, published_prefix
 
 
 @dataclass(eq=False)
@@ -50,8 +50,10 @@ class RadixPrefixCache(PrefixCache):
 
     def insert(self, token_ids: Sequence[int], block_ids: Sequence[int]) -> None:
         check_insert(token_ids, block_ids, self.block_size, self.num_blocks)
-        node = self._root
-        for block_id, block in zip(block_ids, full_blocks(token_ids, self.block_size, len(block_ids))):
+        start, node = published_prefix(token_ids, block_ids, self.block_size, self._by_block)
+        node = node or self._root
+        bs = self.block_size
+        for block_id, block in zip(block_ids[start:], full_blocks(token_ids[start * bs:], bs, len(block_ids) - start)):
             child = node.children.get(block)
             if child is None:
                 child = self._add_child(node, block_id, block)
