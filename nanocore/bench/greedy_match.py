@@ -16,9 +16,9 @@ import argparse
 import json
 import sys
 
+from nanocore.bench.prefix import NEAR_TIE_GAP as NEAR_TIE  # nats between the top-2 tokens: below, a flip is rounding
+from nanocore.bench.prefix import top2_gap
 from nanocore.eval.compare import PROMPTS
-
-NEAR_TIE = 0.05  # nats between the reference's top-2 tokens: below this a flip is rounding
 
 
 def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eager: bool = False) -> list[dict]:
@@ -31,10 +31,8 @@ def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eag
     rows = []
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params, use_tqdm=False)):
         completion = out.outputs[0]
-        gaps = []
-        for entry in completion.logprobs:
-            top = sorted((lp.logprob for lp in entry.values()), reverse=True)
-            gaps.append(top[0] - top[1] if len(top) > 1 else None)  # None: one candidate only
+        gaps = [top2_gap(entry) for entry in completion.logprobs]
+        gaps = [None if gap == float("inf") else gap for gap in gaps]  # one candidate only; JSON has no inf
         rows.append({"prompt": prompt, "token_ids": list(completion.token_ids), "top2_gaps": gaps})
     return rows
 
