@@ -88,7 +88,7 @@ class Scheduler:
             if admission_failed and self.running and not hide_waiting:
                 hide_waiting = True
                 continue
-            if not self._preempt_latest(exclude=()):
+            if self._preempt_latest(exclude=()) is None:
                 raise PolicyError(
                     f"scheduler policy {self.policy_name!r} scheduled nothing for {len(self.waiting)} waiting "
                     f"sequence(s) although the whole KV cache ({self.block_manager.num_free_blocks} blocks) is "
@@ -172,12 +172,9 @@ class Scheduler:
     def _allocate_running(self, seq: Sequence, num_tokens: int, scheduled_seqs: list[Sequence]) -> bool:
         """Allocate for a running sequence, preempting the latest arrival not yet scheduled while
         that is someone else; False (``seq`` preempted itself) when ``seq`` is the latest."""
+        scheduled = set(map(id, scheduled_seqs))  # seq itself is not in it yet: it may be the victim
         while not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
-            scheduled = set(map(id, scheduled_seqs))
-            candidates = [s for s in self.running if id(s) not in scheduled]
-            victim = max(candidates, key=lambda s: s.arrival_index)
-            self._preempt(victim)
-            if victim is seq:
+            if self._preempt_latest(scheduled) is seq:
                 return False
         return True
 
@@ -188,13 +185,14 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def _preempt_latest(self, exclude) -> bool:
-        """Preempt the latest-arrived running sequence not in ``exclude``; False if there is none."""
+    def _preempt_latest(self, exclude) -> Sequence | None:
+        """Preempt the latest-arrived running sequence whose id is not in ``exclude``; it, or None if none."""
         candidates = [s for s in self.running if id(s) not in exclude]
         if not candidates:
-            return False
-        self._preempt(max(candidates, key=lambda s: s.arrival_index))
-        return True
+            return None
+        victim = max(candidates, key=lambda s: s.arrival_index)
+        self._preempt(victim)
+        return victim
 
     def _preempt(self, seq: Sequence) -> None:
         """Free ``seq``'s KV and put it back at the front of the waiting queue (recompute later)."""
