@@ -60,6 +60,26 @@ def quantize_int8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 FP8_SCALE_FACTORS = tuple(torch.linspace(0.85, 2.0, 116).tolist())
 
 
+def fp8_activation_scheme(method: str, options: dict[str, Any]) -> str:
+    """The fp8 checkpoint's activation scheme ("dynamic" or "static") from a method's options; block-wise fp8
+    checkpoints are refused. Shared by every method that loads fp8 checkpoints."""
+    scheme = config_option(options, "activation_scheme", "dynamic")
+    if scheme not in ("dynamic", "static"):
+        raise ValueError(f"{method}: activation_scheme must be 'dynamic' or 'static', got {scheme!r}")
+    if config_option(options, "weight_block_size", None):
+        raise CheckpointFormatError(f"{method}: block-wise fp8 checkpoints (weight_block_size) are not "
+                                    f"supported; use a per-channel or per-tensor fp8 checkpoint")
+    return scheme
+
+
+def quantize_fp8_activations(x2: torch.Tensor, input_scale: torch.Tensor | None = None):
+    """fp8 rows of ``x2 [M, K]`` and float32 scales ``[M, 1]``: dynamic per token, or the static per-tensor scale."""
+    if input_scale is None:
+        return quantize_fp8_per_row(x2)
+    scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1)
+    return quantize_fp8(x2, scale), scale
+
+
 def fp8_dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return q.float() * scale
 

@@ -14,8 +14,7 @@ import torch
 
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.kernels.quant_gemm import gemm_input_rows
-from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, config_option, quantize_checkpoint_linears,
-                                  quantize_fp8_per_row)
+from nanocore.quant_utils import FP8_DTYPE, FP8_MAX, fp8_activation_scheme, quantize_checkpoint_linears, quantize_fp8_per_row
 from nanocore.quant_weights import ChannelScaledWeights
 from nanocore_cutlass import build
 from nanocore_cutlass.twin import fp8_linear_twin
@@ -39,13 +38,7 @@ class CutlassFp8LinearMethod(LinearMethod):
         self.kernel = self.options.get("kernel", "auto")
         if self.kernel not in ("auto", "cutlass", "torch"):
             raise ValueError(f"{self.name}: option kernel must be 'auto', 'cutlass' or 'torch', got {self.kernel!r}")
-        self.activation_scheme = config_option(self.options, "activation_scheme", "dynamic")
-        if self.activation_scheme not in ("dynamic", "static"):
-            raise ValueError(f"{self.name}: activation_scheme must be 'dynamic' or 'static', "
-                             f"got {self.activation_scheme!r}")
-        if config_option(self.options, "weight_block_size", None):
-            raise CheckpointFormatError(f"{self.name}: block-wise fp8 checkpoints (weight_block_size) are not "
-                                        f"supported; use a per-channel or per-tensor fp8 checkpoint")
+        self.activation_scheme = fp8_activation_scheme(self.name, self.options)
         self._extension = None
 
     @classmethod

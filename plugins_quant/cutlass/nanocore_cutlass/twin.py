@@ -7,15 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.quant_utils import quantize_fp8, quantize_fp8_per_row
-
-
-def quantize_activations(x2: torch.Tensor, input_scale: torch.Tensor | None = None):
-    """fp8 rows of ``x2 [M, K]`` and float32 scales ``[M, 1]``: dynamic per token, or the static per-tensor scale."""
-    if input_scale is None:
-        return quantize_fp8_per_row(x2)
-    scale = input_scale.float().reshape(1, 1).expand(x2.shape[0], 1)
-    return quantize_fp8(x2, scale), scale
+from nanocore.quant_utils import quantize_fp8_activations as quantize_activations
 
 
 def fp8_scaled_mm_torch(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

@@ -14,8 +14,8 @@ import torch
 from nanocore.interfaces import LinearMethod, check_options
 from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, CheckpointFormatError, config_option, quantize_checkpoint_linears,
-                                  quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight)
+from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, fp8_activation_scheme, quantize_checkpoint_linears,
+                                  quantize_fp8_activations, quantize_fp8_weight)
 from nanocore.quant_weights import ChannelScaledWeights
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
 
@@ -32,12 +32,7 @@ class _Fp8Base(LinearMethod):
         self.kernel = self.options.get("kernel", "auto")
         if self.kernel not in ("auto", "triton", "torch"):
             raise ValueError(f"{self.name}: option kernel must be 'auto', 'triton' or 'torch', got {self.kernel!r}")
-        self.activation_scheme = config_option(self.options, "activation_scheme", "dynamic")
-        if self.activation_scheme not in ("dynamic", "static"):
-            raise ValueError(f"{self.name}: activation_scheme must be 'dynamic' or 'static', got {self.activation_scheme!r}")
-        if config_option(self.options, "weight_block_size", None):
-            raise CheckpointFormatError(f"{self.name}: block-wise fp8 checkpoints (weight_block_size) are not "
-                                        f"supported; use a per-channel or per-tensor fp8 checkpoint")
+        self.activation_scheme = fp8_activation_scheme(self.name, self.options)
 
     @classmethod
     def supports(cls, device: torch.device) -> str | None:
@@ -106,11 +101,8 @@ class Fp8W8A8LinearMethod(_Fp8Base):
 
     def apply(self, layer, x, bias=None):
         x2, lead = gemm_input_rows(x, layer.weight.shape[1], f"{self.name}'s layer")
-        if self.activation_scheme == "static":
-            x_scale = layer.input_scale.view(1, 1).expand(x2.shape[0], 1).contiguous()
-            xq = quantize_fp8(x2, x_scale)
-        else:
-            xq, x_scale = quantize_fp8_per_row(x2)
+        xq, x_scale = quantize_fp8_activations(x2, layer.input_scale if self.activation_scheme == "static" else None)
+        x_scale = x_scale.contiguous()  # _scaled_mm's row-wise scales: a real [M, 1] tensor
         out_dtype = torch.bfloat16 if x.is_cuda else x.dtype  # CUDA row-wise scaling emits bf16 only
         y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale.view(1, -1),
                              out_dtype=out_dtype)
