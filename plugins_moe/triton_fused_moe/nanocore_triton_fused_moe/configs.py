@@ -80,6 +80,7 @@ class ConfigTable:
     def __init__(self, config_dir: str | None = None):
         dirs = [config_dir, os.environ.get("NANOCORE_MOE_CONFIG_DIR"), user_config_dir(), PACKAGE_CONFIG_DIR]
         self.search_dirs = [Path(d) for d in dirs if d]
+        self._tables: dict[tuple, dict[int, dict] | None] = {}  # per instance: a method-level cache kept them all alive
 
     def pick(self, num_tokens: int, num_experts: int, intermediate: int, top_k: int, dtype: torch.dtype,
              device: torch.device) -> dict[str, int]:
@@ -88,8 +89,13 @@ class ConfigTable:
             return default_config(num_tokens, num_experts, top_k, dtype)
         return table[min(table, key=lambda m: (abs(m - num_tokens), m))]
 
-    @functools.lru_cache(maxsize=None)
     def table(self, num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str) -> dict[int, dict] | None:
+        key = (num_experts, intermediate, dtype, gpu)
+        if key not in self._tables:
+            self._tables[key] = self._find_table(num_experts, intermediate, dtype, gpu)
+        return self._tables[key]
+
+    def _find_table(self, num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str) -> dict[int, dict] | None:
         exact = config_file_name(num_experts, intermediate, dtype, gpu, triton_version())
         any_triton = config_file_name(num_experts, intermediate, dtype, gpu, "*")
         for directory in self.search_dirs:
