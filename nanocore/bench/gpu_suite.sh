@@ -6,6 +6,7 @@
 #  JSONs record this commit)
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
+#   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), and on a 2-GPU machine tp2 tp2moe
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
 source nanocore/bench/gpu_setup.sh || exit 1
@@ -94,6 +95,20 @@ moe)
     --json "$out/throughput_qwen1.5_moe_fused.json" ;;
 interference)
   TAIL=10 step 70 $N bench interference $Q7 --b-prompt-len 32768 --json "$out/interference.json" --plot "$out/interference.png" ;;
+tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU, plugins chosen by name in the workers, 7B TP scaling (~400 s)
+  TAIL=40 step 540 python3 -m nanocore.bench.tp_check --gpus 2 --backends --bench --bench-model dummy:Qwen2.5-7B \
+    --json "$out/tp_check_2gpu.json" ;;
+tp2moe)  # Qwen1.5-MoE shapes: EP=1 vs TP=2, EP=2, TP=2+EP=2 (bench throughput and latency)
+  TAIL=20 step 400 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model "" \
+    --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --latency-args "--repeats 2" --bench-timeout-s 120 \
+    --json "$out/tp_check_2gpu_moe.json" ;;
+leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap cuda tests, int8 x int8 tiles
+  TAIL=30 step 60 $N bench prefix $Q7 --num-kv-blocks 8192 --prefix-cache hash --scenario shared-prefix --repeats 2 \
+    --json "$out/prefix_hash_qwen2.5_7b.json"
+  TAIL=20 step 120 python3 -m pytest -q -m cuda --tb=short -rf plugins_quant/fp8_w8a16/tests/test_kernels.py \
+    tests/test_moe_shared_overlap.py
+  TAIL=14 step 60 $N bench linear --device cuda --methods unquantized,int8_w8a8 --ms 256,1024,4096 \
+    --json "$out/bench_linear_int8_tiles.json" ;;
 attention)  # the attention kernels' own cuda tests (about 100 compiles)
   TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py -x ;;
 *) echo "unknown section $s" ;;

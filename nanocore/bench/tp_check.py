@@ -10,7 +10,10 @@ Usage (the GPU machine, repo root, after ``source nanocore/bench/gpu_setup.sh``)
 Part 1 writes a random dense (Qwen2, GQA, odd vocab) and a random MoE (Qwen2-MoE, shared expert)
 checkpoint, computes teacher-forced logits and greedy tokens at one rank, then at each parallel layout,
 and reports max |diff|, top-1 agreement, greedy agreement and the KV block count every rank agreed on
-(the minimum). Part 2 (``--bench``) runs ``nanocore bench throughput`` and ``bench latency`` at TP=1 and
+(the minimum). With ``--backends`` the same comparison runs with plugins chosen by name (fp8_w8a16 on a
+quantized copy of the dense checkpoint, k_int8_v_fp8 KV, radix prefix cache, decode_first scheduler; the MoE
+checkpoint on triton_fused_moe where the device supports it): both sides use the backends, so a worker
+that loaded a different backend (or none) shows up as a mismatch. Part 2 (``--bench``) runs ``nanocore bench throughput`` and ``bench latency`` at TP=1 and
 TP=N (MoE: EP=1, TP=N, EP=N, TP=N+EP=N), each in a fresh process, and prints the scaling.
 """
 from __future__ import annotations
@@ -61,22 +64,28 @@ def layouts(gpus: int, kind: str) -> list[tuple[int, int]]:
     return [(gpus, 1)] if kind == "dense" else [(gpus, 1), (1, gpus), (gpus, gpus)]
 
 
-def measure(model: Path, tp: int, ep: int, args) -> dict:
+def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **backends) -> dict:
     """Logits of PROMPTS[0..], greedy tokens and the KV block count of one engine; the engine is closed after."""
     import torch
 
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
 
-    llm = LLM(str(model), device=args.device, dtype=args.dtype, tensor_parallel_size=tp, expert_parallel_size=ep,
-              gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=0.25, enforce_eager=args.eager)
+    llm = LLM(str(model), device=args.device, dtype=dtype or args.dtype, tensor_parallel_size=tp,
+              expert_parallel_size=ep, gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=0.25,
+              enforce_eager=args.eager, max_num_seqs=8, **backends)  # 3 prompts: few graphs to capture
     try:
         logits = torch.cat([llm.engine.prompt_logits(p).float().cpu() for p in PROMPTS])
         greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
         tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+        tokens_again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
+        if tokens_again != tokens:  # the second pass reads the prefix cache (when one is chosen)
+            raise AssertionError(f"TP={tp} EP={ep} {backends}: a repeated greedy run gave other tokens")
         workers = llm.engine.workers
         blocks = [llm.engine.runner.num_blocks] + (workers.worker_num_blocks if workers else [])
-        return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks}
+        return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks,
+                "backends": {kind: llm.config.model_dump()[kind] for kind in backends},
+                "cached_tokens": llm.stats().num_cached_tokens}
     finally:
         llm.close()
         del llm
@@ -85,7 +94,8 @@ def measure(model: Path, tp: int, ep: int, args) -> dict:
             torch.cuda.empty_cache()
 
 
-def compare(ref: dict, got: dict, dtype: str) -> dict:
+def compare(ref: dict, got: dict, dtype: str, quantized: bool = False) -> dict:
+    """``quantized``: int8 / fp8 rounding turns reduction-order noise into whole steps, so top-1 decides."""
     diff = (ref["logits"] - got["logits"]).abs().max().item()
     top1 = (ref["logits"].argmax(-1) == got["logits"].argmax(-1)).float().mean().item()
     same = sum(a == b for r, g in zip(ref["tokens"], got["tokens"]) for a, b in zip(r, g))
@@ -93,7 +103,8 @@ def compare(ref: dict, got: dict, dtype: str) -> dict:
     blocks = got["kv_blocks_per_rank"]
     return {"max_abs_logit_diff": diff, "top1_agreement": top1, "greedy_token_agreement": same / total,
             "kv_blocks_per_rank": blocks, "kv_blocks_agree": len(set(blocks)) == 1,
-            "ok": len(set(blocks)) == 1 and (diff <= TOLERANCE[dtype] or (dtype != "float32" and top1 >= 0.99))}
+            "ok": len(set(blocks)) == 1 and (diff <= TOLERANCE[dtype]
+                                             or ((quantized or dtype != "float32") and top1 >= 0.99))}
 
 
 def check_logits(args) -> list[dict]:
@@ -110,24 +121,63 @@ def check_logits(args) -> list[dict]:
     return rows
 
 
-def bench(args) -> list[dict]:
-    """``nanocore bench throughput|latency`` per layout, each in its own process (GPU memory starts clean)."""
-    runs = [(args.bench_model, 1, 1), (args.bench_model, args.gpus, 1)]
-    if args.moe_bench_model:
-        runs += [(args.moe_bench_model, tp, ep) for tp, ep in [(1, 1)] + layouts(args.gpus, "moe")]
+def dense_backends() -> dict:
+    return dict(linear_method="fp8_w8a16", kv_codec="k_int8_v_fp8", prefix_cache="radix",
+                scheduler_policy="decode_first")
+
+
+def check_backends(args) -> list[dict]:
+    """Plugins chosen by name at TP=N (and the MoE executor at TP=N / EP=N) vs the same plugins at one rank."""
+    import torch
+
+    from nanocore.cli.main import main as nanocore_main
+    from nanocore.plugins import get_registry
+
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for model, tp, ep in runs:
+        paths = make_checkpoints(Path(tmp), moe=not args.no_moe)
+        fp8 = Path(tmp) / "dense_fp8"
+        if nanocore_main(["quantize", "--method", "fp8_w8a16", "--model", str(paths["dense"]), "--out", str(fp8)]):
+            raise RuntimeError("nanocore quantize failed")
+        cases = [(fp8, "dense_fp8", layouts(args.gpus, "dense"), dense_backends())]
+        fused = get_registry().get("moe_executor", "triton_fused_moe").cls.supports(torch.device(args.device))
+        if "moe" in paths:
+            executor = "triton_fused_moe" if fused is None else "eager"
+            cases.append((paths["moe"], "moe", layouts(args.gpus, "moe"), dict(moe_executor=executor)))
+        for path, kind, parallel, backends in cases:
+            ref = measure(path, 1, 1, args, dtype=args.backends_dtype, **backends)
+            for tp, ep in parallel:
+                got = measure(path, tp, ep, args, dtype=args.backends_dtype, **backends)
+                row = {"model": kind, "tp": tp, "ep": ep, "backends": got["backends"],
+                       "cached_tokens": got["cached_tokens"], **compare(ref, got, args.backends_dtype, quantized=True)}
+                rows.append(row)
+                print(f"{kind:9} TP={tp} EP={ep} {got['backends']}: max|diff| {row['max_abs_logit_diff']:.2e}  "
+                      f"top-1 {row['top1_agreement']:.4f}  greedy {row['greedy_token_agreement']:.4f}  cached "
+                      f"tokens {row['cached_tokens']}  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
+    return rows
+
+
+def bench(args) -> list[dict]:
+    """``nanocore bench throughput|latency`` per layout, each in its own process (GPU memory starts clean)."""
+    runs = [(args.bench_model, 1, 1, ""), (args.bench_model, args.gpus, 1, "")] if args.bench_model else []
+    if args.moe_bench_model:
+        runs += [(args.moe_bench_model, tp, ep, args.moe_bench_args) for tp, ep in [(1, 1)] + layouts(args.gpus, "moe")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, tp, ep, model_args in runs:
             for mode, extra in (("throughput", args.throughput_args), ("latency", args.latency_args)):
                 out = Path(tmp) / f"{mode}_{tp}_{ep}.json"
                 cmd = [sys.executable, "-m", "nanocore.cli.main", "bench", mode, "--model", model, "--device",
                        args.device, "--tensor-parallel-size", str(tp), "--expert-parallel-size", str(ep),
-                       "--json", str(out), *extra.split()]
+                       "--json", str(out), *extra.split(), *model_args.split()]
                 print("$", " ".join(cmd), flush=True)
-                done = subprocess.run(cmd, env={**os.environ, **NVLS_OFF})
-                result = json.loads(out.read_text())["result"] if done.returncode == 0 and out.exists() else None
+                try:
+                    returncode = subprocess.run(cmd, env={**os.environ, **NVLS_OFF}, timeout=args.bench_timeout_s).returncode
+                except subprocess.TimeoutExpired:
+                    returncode = "timeout"
+                result = json.loads(out.read_text())["result"] if returncode == 0 and out.exists() else None
                 rows.append({"mode": mode, "model": model, "tp": tp, "ep": ep, "result": result,
-                             "returncode": done.returncode})
+                             "returncode": returncode})
     _print_scaling(rows)
     return rows
 
@@ -153,9 +203,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     p.add_argument("--eager", action="store_true", help="no CUDA graphs in the logits check")
     p.add_argument("--no-moe", action="store_true", help="skip the MoE checkpoint (EP layouts)")
+    p.add_argument("--backends", action="store_true", help="also check plugins chosen by name at TP=N / EP=N")
+    p.add_argument("--backends-dtype", default="float32", choices=sorted(TOLERANCE),
+                   help="dtype of the backends check (bf16 noise flips top-1 of random models, MoE routing most)")
     p.add_argument("--bench", action="store_true", help="also run bench throughput / latency at TP=1 and TP=N")
-    p.add_argument("--bench-model", default="dummy:Qwen2.5-7B")
+    p.add_argument("--skip-logits", action="store_true", help="skip part 1's plain logits check")
+    p.add_argument("--bench-model", default="dummy:Qwen2.5-7B", help="dense model of the TP scaling ('' to skip)")
     p.add_argument("--moe-bench-model", default=None, help="e.g. dummy:Qwen1.5-MoE-A2.7B (EP / TP+EP scaling)")
+    p.add_argument("--moe-bench-args", default="--moe-executor triton_fused_moe --max-model-len 2048",
+                   help="extra flags for the MoE model's bench runs")
+    p.add_argument("--bench-timeout-s", type=float, default=180, help="limit per bench process")
     p.add_argument("--throughput-args", default="--num-seqs 256", help="extra flags for bench throughput")
     p.add_argument("--latency-args", default="--prompt-len 128 --output-len 128", help="extra flags for bench latency")
     p.add_argument("--json", metavar="PATH", help="write every row as JSON")
@@ -165,13 +222,18 @@ def main(argv: list[str] | None = None) -> int:
         import torch
         if torch.cuda.device_count() < args.gpus:
             p.error(f"--gpus {args.gpus} but {torch.cuda.device_count()} CUDA devices are visible")
-    report = {"gpus": args.gpus, "device": args.device, "dtype": args.dtype, "logits": check_logits(args)}
+    from nanocore.bench.report import environment
+
+    report = {"gpus": args.gpus, "device": args.device, "dtype": args.dtype, "environment": environment(args.device),
+              "logits": [] if args.skip_logits else check_logits(args)}
+    if args.backends:
+        report["backends"] = check_backends(args)
     if args.bench:
         report["bench"] = bench(args)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=2))
-    return 0 if all(r["ok"] for r in report["logits"]) else 1
+    return 0 if all(r["ok"] for r in report["logits"] + report.get("backends", [])) else 1
 
 
 if __name__ == "__main__":
