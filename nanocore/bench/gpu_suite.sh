@@ -6,7 +6,7 @@
 #  JSONs record this commit)
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
-#   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), and on a 2-GPU machine tp2 tp2moe
+#   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), and on a 2-GPU machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
 source nanocore/bench/gpu_setup.sh || exit 1
@@ -95,13 +95,22 @@ moe)
     --json "$out/throughput_qwen1.5_moe_fused.json" ;;
 interference)
   TAIL=10 step 70 $N bench interference $Q7 --b-prompt-len 32768 --json "$out/interference.json" --plot "$out/interference.png" ;;
-tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU, plugins chosen by name in the workers, 7B TP scaling (~400 s)
-  TAIL=40 step 540 python3 -m nanocore.bench.tp_check --gpus 2 --backends --bench --bench-model dummy:Qwen2.5-7B \
+tp2smoke)  # a TP=2 engine stage by stage (eager, graphs, MoE TP=2+EP=2); a stuck one dumps every rank's stack
+  for flags in "--eager" "" "--moe --eager"; do
+    log="$out/tp_smoke$(echo $flags | tr -d ' -').log"; echo "== tp_smoke $flags (full log: $log)"
+    ( sleep 75; pkill -USR1 -f "nanocore.bench.tp_smoke|multiprocessing.spawn"; sleep 3
+      pkill -9 -f "nanocore.bench.tp_smoke|multiprocessing.spawn" ) & dog=$!
+    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 NCCL_DEBUG=WARN python3 -m nanocore.bench.tp_smoke --gpus 2 \
+      $flags >"$log" 2>&1; echo "exit $?"; kill $dog 2>/dev/null
+    grep -v "Warning\|warn(\|call execute" "$log" | tail -${TAIL:-25}
+  done ;;
+tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU and plugins chosen by name in the workers (~200 s)
+  NANOCORE_DIST_TIMEOUT_S=60 TAIL=20 step 300 python3 -m nanocore.bench.tp_check --gpus 2 --backends \
     --json "$out/tp_check_2gpu.json" ;;
-tp2moe)  # Qwen1.5-MoE shapes: EP=1 vs TP=2, EP=2, TP=2+EP=2 (bench throughput and latency)
-  TAIL=20 step 400 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model "" \
-    --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --latency-args "--repeats 2" --bench-timeout-s 120 \
-    --json "$out/tp_check_2gpu_moe.json" ;;
+tp2bench)  # bench throughput / latency: Qwen2.5-7B TP=1 vs TP=2; Qwen1.5-MoE EP=1 vs TP=2, EP=2, TP=2+EP=2
+  TAIL=20 step 560 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
+    --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --latency-args "--repeats 2" --bench-timeout-s 100 \
+    --json "$out/tp_check_2gpu_bench.json" ;;
 leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap cuda tests, int8 x int8 tiles
   TAIL=30 step 60 $N bench prefix $Q7 --num-kv-blocks 8192 --prefix-cache hash --scenario shared-prefix --repeats 2 \
     --json "$out/prefix_hash_qwen2.5_7b.json"

@@ -24,7 +24,7 @@ from nanocore.distributed import destroy_distributed
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner
 from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, dist_timeout,
-                                     join_process_group, rank_device, ship, worker_main, world_size_of)
+                                     join_process_group, rank_device, ship, trace, worker_main, world_size_of)
 
 
 def free_port() -> int:
@@ -74,6 +74,7 @@ class WorkerGroup:
             self._wait("validated", "while loading plugins and checking the config")
             self.parallel = join_process_group(0, self.world_size, config, rank_device(device, 0), init_method)
             self._state["own_group"] = True
+            trace(0, "joined the process group")
 
     # ---- start-up stages, called by LLMEngine --------------------------------------------------
     def load_model(self):
@@ -88,6 +89,7 @@ class WorkerGroup:
             codec = build_backend("kv_codec", self.config, self.device)
             self._wait("loaded", "while loading the model")
             config = agreed_runner_config(self.config, loaded, self.device, codec, max_model_len)
+            trace(0, f"agreed on {config.num_kv_blocks} KV blocks")
             runner = ModelRunner(config, loaded.model, loaded.model.kv_cache_spec, loaded.dtype, self.device, codec,
                                  max_model_len, eos_token_ids)
             self.worker_num_blocks = list(self._wait("ready", "while building its KV cache").values())
@@ -101,6 +103,7 @@ class WorkerGroup:
         if self._state["broken"]:
             raise WorkerError(self._state["broken"])
         self.raise_if_failed()
+        trace(0, f"call {method}")
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for conn in self.conns:
@@ -227,6 +230,7 @@ def _describe(rank: int, doing: str, error: tuple[str, str] | None, proc) -> str
 def _shutdown(procs: list, conns: list, state: dict) -> None:
     """Tell idle workers to exit and leave the group together; otherwise terminate them."""
     clean = state["serving"] and not state["broken"] and all(p.is_alive() for p in procs)
+    trace(0, f"shutting down ({'clean' if clean else 'terminating the workers'})")
     if clean:
         try:
             for conn in conns:
@@ -237,6 +241,7 @@ def _shutdown(procs: list, conns: list, state: dict) -> None:
         if clean:
             with contextlib.suppress(RuntimeError):
                 destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
+            trace(0, "left the process group")
         if dist.is_initialized():
             dist.destroy_process_group()
         state["own_group"] = False

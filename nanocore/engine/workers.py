@@ -8,8 +8,12 @@ runs prepare + forward, so the collectives inside the model pair up, and only ra
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
+import signal
+import sys
+import time
 import traceback
 from dataclasses import dataclass
 from datetime import timedelta
@@ -25,6 +29,8 @@ from nanocore.engine.model_runner import ModelRunner, choose_num_kv_blocks, kv_b
 #: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 TIMEOUT_ENV = "NANOCORE_DIST_TIMEOUT_S"
+#: set to 1 to print every start-up stage and call of every rank (with ``kill -USR1 <pid>``: a stack dump)
+TRACE_ENV = "NANOCORE_TRACE_WORKERS"
 SPAWN_HINT = ("workers are spawned and re-import your main module: if your script builds the LLM at import "
               "time, put that code under `if __name__ == '__main__':`")
 
@@ -51,6 +57,12 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
         raise ValueError(f"rank {rank} needs GPU cuda:{index} but only {torch.cuda.device_count()} are visible; "
                          f"lower tensor_parallel_size / expert_parallel_size or check CUDA_VISIBLE_DEVICES")
     return torch.device("cuda", index)
+
+
+def trace(rank: int, what: str) -> None:
+    """One line on stderr per stage / call when NANOCORE_TRACE_WORKERS=1 (for a hang on a multi-GPU machine)."""
+    if os.environ.get(TRACE_ENV) == "1":
+        print(f"[nanocore rank {rank} {time.monotonic():.3f}] {what}", file=sys.stderr, flush=True)
 
 
 def dist_timeout() -> timedelta:
@@ -137,6 +149,9 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
     """Entry point of ranks 1..N-1: validate, load, size the KV cache, then serve rank 0's calls."""
     try:
         os.environ.update(NVLS_OFF)
+        if hasattr(signal, "SIGUSR1"):
+            faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where is it stuck
+        trace(rank, f"started on {device_name}")
         if device_name == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
         try:
@@ -156,17 +171,21 @@ class Worker:
     def __init__(self, rank: int, world_size: int, config: EngineConfig, device: torch.device, init_method: str, conn):
         from nanocore.loader import load_model
 
-        self.conn = conn
+        self.conn, self.rank = conn, rank
         parallel = join_process_group(rank, world_size, config, device, init_method)
+        trace(rank, "joined the process group")
         loaded = load_model(config, device, parallel)
         max_model_len = config.max_model_len or loaded.max_model_len
         codec = build_backend("kv_codec", config, device)
         conn.send(("loaded", None))
+        trace(rank, "model loaded")
         runner_config = agreed_runner_config(config, loaded, device, codec, max_model_len)
+        trace(rank, f"agreed on {runner_config.num_kv_blocks} KV blocks")
         self.runner = ModelRunner(runner_config, loaded.model, loaded.model.kv_cache_spec, loaded.dtype, device,
                                   codec, max_model_len, list(loaded.eos_token_ids or []))
         self.runner.samples = False
         conn.send(("ready", self.runner.num_blocks))
+        trace(rank, "runner ready")
 
     def serve(self) -> None:
         while True:
@@ -174,6 +193,7 @@ class Worker:
                 method, args = pickle.loads(self.conn.recv_bytes())
             except EOFError:
                 return  # rank 0 is gone; the daemon flag and the group's timeout end us anyway
+            trace(self.rank, f"call {method}")
             if method == "exit":
                 destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
                 return
