@@ -104,13 +104,16 @@ tp2smoke)  # a TP=2 engine stage by stage (eager, graphs, MoE TP=2+EP=2); a stuc
       $flags >"$log" 2>&1; echo "exit $?"; kill $dog 2>/dev/null
     grep -v "Warning\|warn(\|call execute" "$log" | tail -${TAIL:-25}
   done ;;
-tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU and plugins chosen by name in the workers (~200 s)
-  NANOCORE_DIST_TIMEOUT_S=60 TAIL=20 step 300 python3 -m nanocore.bench.tp_check --gpus 2 --backends \
-    --json "$out/tp_check_2gpu.json" ;;
-tp2bench)  # bench throughput / latency: Qwen2.5-7B TP=1 vs TP=2; Qwen1.5-MoE EP=1 vs TP=2, EP=2, TP=2+EP=2
-  TAIL=20 step 560 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
-    --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --latency-args "--repeats 2" --bench-timeout-s 100 \
-    --json "$out/tp_check_2gpu_bench.json" ;;
+tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU and plugins chosen by name in the workers (~180 s; full log kept)
+  echo "== tp_check --gpus 2 --backends (log: $out/tp_check_2gpu.log)"
+  NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 timeout 230 python3 -m nanocore.bench.tp_check --gpus 2 \
+    --backends --json "$out/tp_check_2gpu.json" >"$out/tp_check_2gpu.log" 2>&1; echo "exit $?"
+  grep -E "TP=|Error|error" "$out/tp_check_2gpu.log" | grep -v "call execute" | tail -20 ;;
+tp2bench)  # Qwen2.5-7B TP=1 vs TP=2 (throughput, latency); Qwen1.5-MoE TP=2 vs EP=2 vs TP=2+EP=2 throughput
+  TAIL=20 step 330 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
+    --throughput-args "--num-seqs 128" --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --moe-layouts "2,1 1,2 2,2" \
+    --moe-modes throughput --moe-bench-args "--moe-executor triton_fused_moe --max-model-len 2048 --min-len 128" \
+    --bench-timeout-s 75 --json "$out/tp_check_2gpu_bench.json" ;;
 leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap cuda tests, int8 x int8 tiles
   TAIL=30 step 60 $N bench prefix $Q7 --num-kv-blocks 8192 --prefix-cache hash --scenario shared-prefix --repeats 2 \
     --json "$out/prefix_hash_qwen2.5_7b.json"

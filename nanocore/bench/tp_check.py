@@ -12,9 +12,10 @@ checkpoint, computes teacher-forced logits and greedy tokens at one rank, then a
 and reports max |diff|, top-1 agreement, greedy agreement and the KV block count every rank agreed on
 (the minimum). With ``--backends`` the same comparison runs with plugins chosen by name (fp8_w8a16 on a
 quantized copy of the dense checkpoint, k_int8_v_fp8 KV, radix prefix cache, decode_first scheduler; the MoE
-checkpoint on triton_fused_moe where the device supports it): both sides use the backends, so a worker
-that loaded a different backend (or none) shows up as a mismatch. Part 2 (``--bench``) runs ``nanocore bench throughput`` and ``bench latency`` at TP=1 and
-TP=N (MoE: EP=1, TP=N, EP=N, TP=N+EP=N), each in a fresh process, and prints the scaling.
+executor is ``auto``'s, triton_fused_moe on CUDA): both sides use the backends, so a worker that loaded a
+different backend (or none) shows up as a mismatch. Part 2 (``--bench``) runs ``nanocore bench throughput``
+and ``bench latency`` at TP=1 and TP=N (MoE: EP=1, TP=N, EP=N, TP=N+EP=N), each in a fresh process, and
+prints the scaling.
 """
 from __future__ import annotations
 
@@ -83,7 +84,9 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
             raise AssertionError(f"TP={tp} EP={ep} {backends}: a repeated greedy run gave other tokens")
         workers = llm.engine.workers
         blocks = [llm.engine.runner.num_blocks] + (workers.worker_num_blocks if workers else [])
-        return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks,
+        executors = {type(m.executor).__name__ for m in llm.engine.runner.model.modules()
+                     if getattr(m, "executor", None) is not None}
+        return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks, "moe_executors": sorted(executors),
                 "backends": {kind: llm.config.model_dump()[kind] for kind in backends},
                 "cached_tokens": llm.stats().num_cached_tokens}
     finally:
@@ -113,10 +116,12 @@ def check_logits(args) -> list[dict]:
         for kind, path in make_checkpoints(Path(tmp), moe=not args.no_moe).items():
             ref = measure(path, 1, 1, args)
             for tp, ep in layouts(args.gpus, kind):
-                row = {"model": kind, "tp": tp, "ep": ep, **compare(ref, measure(path, tp, ep, args), args.dtype)}
+                got = measure(path, tp, ep, args)
+                row = {"model": kind, "tp": tp, "ep": ep, "moe_executors": got["moe_executors"],
+                       **compare(ref, got, args.dtype)}
                 rows.append(row)
-                print(f"{kind:6} TP={tp} EP={ep}: max|diff| {row['max_abs_logit_diff']:.2e}  top-1 "
-                      f"{row['top1_agreement']:.4f}  greedy {row['greedy_token_agreement']:.4f}  KV blocks "
+                print(f"{kind:6} TP={tp} EP={ep} {got['moe_executors']}: max|diff| {row['max_abs_logit_diff']:.2e}  "
+                      f"top-1 {row['top1_agreement']:.4f}  greedy {row['greedy_token_agreement']:.4f}  KV blocks "
                       f"{row['kv_blocks_per_rank']}  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
     return rows
 
@@ -127,23 +132,17 @@ def dense_backends() -> dict:
 
 
 def check_backends(args) -> list[dict]:
-    """Plugins chosen by name at TP=N (and the MoE executor at TP=N / EP=N) vs the same plugins at one rank."""
-    import torch
-
+    """Plugins chosen by name at TP=N vs the same plugins at one rank (the MoE executor plugin is the logits
+    check's: ``auto`` picks triton_fused_moe on CUDA, and each row names the executor that ran)."""
     from nanocore.cli.main import main as nanocore_main
-    from nanocore.plugins import get_registry
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = make_checkpoints(Path(tmp), moe=not args.no_moe)
+        paths = make_checkpoints(Path(tmp), moe=False)
         fp8 = Path(tmp) / "dense_fp8"
         if nanocore_main(["quantize", "--method", "fp8_w8a16", "--model", str(paths["dense"]), "--out", str(fp8)]):
             raise RuntimeError("nanocore quantize failed")
         cases = [(fp8, "dense_fp8", layouts(args.gpus, "dense"), dense_backends())]
-        fused = get_registry().get("moe_executor", "triton_fused_moe").cls.supports(torch.device(args.device))
-        if "moe" in paths:
-            executor = "triton_fused_moe" if fused is None else "eager"
-            cases.append((paths["moe"], "moe", layouts(args.gpus, "moe"), dict(moe_executor=executor)))
         for path, kind, parallel, backends in cases:
             ref = measure(path, 1, 1, args, dtype=args.backends_dtype, **backends)
             for tp, ep in parallel:
@@ -157,34 +156,42 @@ def check_backends(args) -> list[dict]:
     return rows
 
 
-def bench(args) -> list[dict]:
-    """``nanocore bench throughput|latency`` per layout, each in its own process (GPU memory starts clean)."""
-    runs = [(args.bench_model, 1, 1, ""), (args.bench_model, args.gpus, 1, "")] if args.bench_model else []
+def bench(args, rows: list[dict], save) -> None:
+    """``nanocore bench throughput|latency`` per layout, each in its own process (GPU memory starts clean);
+    ``save()`` after each run, so a call cut short keeps what finished."""
+    both = ("throughput", "latency")
+    runs = [(args.bench_model, 1, 1, "", both), (args.bench_model, args.gpus, 1, "", both)] if args.bench_model else []
     if args.moe_bench_model:
-        runs += [(args.moe_bench_model, tp, ep, args.moe_bench_args) for tp, ep in [(1, 1)] + layouts(args.gpus, "moe")]
-    rows = []
+        moe_layouts = ([tuple(int(x) for x in pair.split(",")) for pair in args.moe_layouts.split()]
+                       if args.moe_layouts else [(1, 1)] + layouts(args.gpus, "moe"))
+        runs += [(args.moe_bench_model, tp, ep, args.moe_bench_args, args.moe_modes.split(","))
+                 for tp, ep in moe_layouts]
+    modes = {"throughput": args.throughput_args, "latency": args.latency_args}
     with tempfile.TemporaryDirectory() as tmp:
-        for model, tp, ep, model_args in runs:
-            for mode, extra in (("throughput", args.throughput_args), ("latency", args.latency_args)):
+        for model, tp, ep, model_args, run_modes in runs:
+            for mode, extra in ((m, modes[m]) for m in run_modes):
                 out = Path(tmp) / f"{mode}_{tp}_{ep}.json"
                 cmd = [sys.executable, "-m", "nanocore.cli.main", "bench", mode, "--model", model, "--device",
                        args.device, "--tensor-parallel-size", str(tp), "--expert-parallel-size", str(ep),
                        "--json", str(out), *extra.split(), *model_args.split()]
                 print("$", " ".join(cmd), flush=True)
                 try:
-                    returncode = subprocess.run(cmd, env={**os.environ, **NVLS_OFF}, timeout=args.bench_timeout_s).returncode
+                    returncode = subprocess.run(cmd, env={**os.environ, **NVLS_OFF},
+                                                timeout=args.bench_timeout_s).returncode
                 except subprocess.TimeoutExpired:
                     returncode = "timeout"
                 result = json.loads(out.read_text())["result"] if returncode == 0 and out.exists() else None
                 rows.append({"mode": mode, "model": model, "tp": tp, "ep": ep, "result": result,
                              "returncode": returncode})
-    _print_scaling(rows)
-    return rows
+                save()
+    _print_scaling(rows, args.gpus)
 
 
-def _print_scaling(rows: list[dict]) -> None:
+def _print_scaling(rows: list[dict], gpus: int) -> None:
+    """Each run against one GPU (TP=1 EP=1), or against TP-only where that was not run."""
     metric = {"throughput": "output_tokens_per_s", "latency": "tpot_ms"}
-    base = {(r["mode"], r["model"]): r for r in rows if r["tp"] == 1 and r["ep"] == 1}
+    base = {(r["mode"], r["model"]): r for r in rows if (r["tp"], r["ep"]) == (gpus, 1)}
+    base.update({(r["mode"], r["model"]): r for r in rows if (r["tp"], r["ep"]) == (1, 1)})
     for r in rows:
         b = base.get((r["mode"], r["model"]))
         if r["result"] is None or b is None or b["result"] is None:
@@ -192,7 +199,7 @@ def _print_scaling(rows: list[dict]) -> None:
             continue
         value, ref = r["result"][metric[r["mode"]]], b["result"][metric[r["mode"]]]
         print(f"{r['mode']:10} {r['model']} TP={r['tp']} EP={r['ep']}: {metric[r['mode']]} {value:.2f} "
-              f"({value / ref:.2f}x of TP=1)")
+              f"({value / ref:.2f}x of TP={b['tp']} EP={b['ep']})")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -212,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--moe-bench-model", default=None, help="e.g. dummy:Qwen1.5-MoE-A2.7B (EP / TP+EP scaling)")
     p.add_argument("--moe-bench-args", default="--moe-executor triton_fused_moe --max-model-len 2048",
                    help="extra flags for the MoE model's bench runs")
+    p.add_argument("--moe-layouts", default="", help="'TP,EP' pairs for the MoE bench (default: 1,1 and every layout)")
+    p.add_argument("--moe-modes", default="throughput,latency", help="bench modes of the MoE model")
     p.add_argument("--bench-timeout-s", type=float, default=180, help="limit per bench process")
     p.add_argument("--throughput-args", default="--num-seqs 256", help="extra flags for bench throughput")
     p.add_argument("--latency-args", default="--prompt-len 128 --output-len 128", help="extra flags for bench latency")
@@ -226,13 +235,19 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {"gpus": args.gpus, "device": args.device, "dtype": args.dtype, "environment": environment(args.device),
               "logits": [] if args.skip_logits else check_logits(args)}
+
+    def save() -> None:
+        if args.json:
+            Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.json).write_text(json.dumps(report, indent=2))
+
+    save()
     if args.backends:
         report["backends"] = check_backends(args)
+        save()
     if args.bench:
-        report["bench"] = bench(args)
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        report["bench"] = []
+        bench(args, report["bench"], save)
     return 0 if all(r["ok"] for r in report["logits"] + report.get("backends", [])) else 1
 
 

@@ -109,26 +109,39 @@ def _own_group(rank: int, world_size: int, size: int):
     return mine
 
 
-#: Store counter of ranks that left the group (rank 0 waits for the others).
+#: Store counters: ranks that reached the teardown, ranks that left the group (rank 0 waits for both).
+_ARRIVED_KEY = "nanocore/arrived_at_teardown"
 _LEFT_KEY = "nanocore/left_group"
 
 
 def destroy_distributed(timeout_s: float = 60.0) -> None:
     """Leave the process group, all ranks together: the other ranks tear down first, then rank 0, which hosts
-    the store (a peer still using the store or its gloo pairs when rank 0 leaves is aborted)."""
+    the store (a peer still using the store or its gloo pairs when rank 0 leaves is aborted).
+
+    The rendezvous runs on the TCP store, not ``dist.barrier()``: an NCCL barrier picks its GPU from the
+    current device and hung at teardown on a 2-GPU H200 (the engine's steps had all completed)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()  # kept alive past destroy by this reference
-    dist.barrier()
+    store.add(_ARRIVED_KEY, 1)
+    _wait_for_count(store, _ARRIVED_KEY, world, timeout_s)
     if rank != 0:
         dist.destroy_process_group()
         store.add(_LEFT_KEY, 1)
         return
-    deadline = time.monotonic() + timeout_s
-    while store.add(_LEFT_KEY, 0) < world - 1 and time.monotonic() < deadline:
-        time.sleep(0.005)
+    _wait_for_count(store, _LEFT_KEY, world - 1, timeout_s)
     dist.destroy_process_group()
+
+
+def _wait_for_count(store, key: str, count: int, timeout_s: float) -> bool:
+    """Poll a store counter until it reaches ``count``; False after ``timeout_s`` (teardown goes on regardless)."""
+    deadline = time.monotonic() + timeout_s
+    while store.add(key, 0) < count:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
 
 
 def exit_worker_process(code: int = 0) -> None:
