@@ -1,4 +1,4 @@
-"""Shared by the spawned gloo test workers (tp_worker, tp_min_worker, moe_ep_worker)."""
+"""Shared by the spawned gloo test workers (tp_worker, tp_min_worker, moe_ep_worker, teardown_worker)."""
 from __future__ import annotations
 
 import socket

@@ -5,14 +5,18 @@ With ``tp_size == 1`` nothing here touches ``torch.distributed``.
 """
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -115,23 +119,42 @@ _LEFT_KEY = "nanocore/left_group"
 
 
 def destroy_distributed(timeout_s: float = 60.0) -> None:
-    """Leave the process group, all ranks together: the other ranks tear down first, then rank 0, which hosts
-    the store (a peer still using the store or its gloo pairs when rank 0 leaves is aborted).
+    """Leave the process group, all ranks together; rank 0, which hosts the store, returns last.
 
-    The rendezvous runs on the TCP store, not ``dist.barrier()``: an NCCL barrier picks its GPU from the
-    current device and hung at teardown on a 2-GPU H200 (the engine's steps had all completed)."""
+    The rendezvous runs on the TCP store, never a collective. Then NCCL: every rank destroys at once (its
+    finalize pairs up across ranks: a worker destroying first while rank 0 waited for it hung at close on
+    2 H200s). gloo: the other ranks tear down first, then rank 0 (a peer still using the store or its gloo
+    pairs when rank 0 leaves is aborted)."""
     if not (dist.is_available() and dist.is_initialized()):
         return
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()  # kept alive past destroy by this reference
+    nccl = dist.get_backend() == "nccl"
     store.add(_ARRIVED_KEY, 1)
     _wait_for_count(store, _ARRIVED_KEY, world, timeout_s)
+    if nccl or rank != 0:
+        _destroy_process_group_within(timeout_s)
     if rank != 0:
-        dist.destroy_process_group()
         store.add(_LEFT_KEY, 1)
         return
     _wait_for_count(store, _LEFT_KEY, world - 1, timeout_s)
-    dist.destroy_process_group()
+    if not nccl:
+        _destroy_process_group_within(timeout_s)
+
+
+def _destroy_process_group_within(timeout_s: float) -> None:
+    """``dist.destroy_process_group()``, given up (with a warning) after ``timeout_s``: a peer that never
+    joins NCCL's finalize must not hang the caller for ever."""
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, name="nanocore-destroy-process-group", daemon=True).start()
+    if not done.wait(timeout_s):
+        logger.warning("torch.distributed.destroy_process_group() did not return within %.0f s; going on "
+                       "without it (a new tensor-parallel engine in this process may refuse to start)", timeout_s)
 
 
 def _wait_for_count(store, key: str, count: int, timeout_s: float) -> bool:

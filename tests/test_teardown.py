@@ -1,0 +1,36 @@
+"""Leaving the tensor-parallel process group: the NCCL branch (all ranks destroy at once) and the guard that
+keeps a destroy that never returns from hanging the engine's close()."""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from nanocore.distributed import parallel
+
+
+def test_all_ranks_destroy_together_and_rank0_waits_for_a_late_peer(tmp_path):
+    script = Path(__file__).parent / "teardown_worker.py"
+    result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    outcome = [(tmp_path / f"rank{r}.txt").read_text().split() for r in range(2)]
+    assert [initialized for initialized, _ in outcome] == ["False", "False"]
+    rank0_s, rank1_s = (float(seconds) for _, seconds in outcome)
+    assert 0.8 < rank0_s < 15, rank0_s  # waited for rank 1 on the store, then left well before the timeout
+    assert rank1_s < 15, rank1_s
+
+
+def test_a_destroy_that_never_returns_is_given_up_with_a_warning(monkeypatch, caplog):
+    never = threading.Event()
+    monkeypatch.setattr(parallel.dist, "destroy_process_group", lambda: never.wait())
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger=parallel.__name__):
+        parallel._destroy_process_group_within(0.3)
+    assert 0.25 < time.monotonic() - start < 5
+    assert "did not return within" in caplog.text
+    never.set()
