@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import socket
+import time
 
 import torch.multiprocessing as mp
 
@@ -15,3 +16,19 @@ def free_port() -> int:
 def spawn_two_ranks(worker, *args) -> None:
     """Run ``worker(rank, port, *args)`` in two spawned processes that rendezvous on a free local port."""
     mp.spawn(worker, args=(free_port(), *args), nprocs=2, join=True)
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (a zombie nobody reaped has ended)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()
+    except OSError:
+        return False
+
+
+def wait_until_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while process_alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not process_alive(pid)

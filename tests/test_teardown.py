@@ -10,7 +10,11 @@ import threading
 import time
 from pathlib import Path
 
-from nanocore.distributed import parallel
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from spawn_helpers import wait_until_gone  # noqa: E402
+
+from nanocore.distributed import parallel  # noqa: E402
 
 
 def test_all_ranks_destroy_together_and_rank0_waits_for_a_late_peer(tmp_path):
@@ -34,3 +38,10 @@ def test_a_destroy_that_never_returns_is_given_up_with_a_warning(monkeypatch, ca
     assert 0.25 < time.monotonic() - start < 5
     assert "did not return within" in caplog.text
     never.set()
+
+
+def test_a_worker_whose_engine_process_died_ends_itself(tmp_path):
+    pid_file = tmp_path / "child.pid"
+    subprocess.run([sys.executable, str(Path(__file__).parent / "orphan_worker.py"), str(pid_file)], timeout=60,
+                   check=True)
+    assert wait_until_gone(int(pid_file.read_text()), timeout_s=10), "the orphaned worker is still running"

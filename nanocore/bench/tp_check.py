@@ -23,6 +23,7 @@ import argparse
 import gc
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -175,16 +176,24 @@ def bench(args, rows: list[dict], save) -> None:
                        args.device, "--tensor-parallel-size", str(tp), "--expert-parallel-size", str(ep),
                        "--json", str(out), *extra.split(), *model_args.split()]
                 print("$", " ".join(cmd), flush=True)
-                try:
-                    returncode = subprocess.run(cmd, env={**os.environ, **NVLS_OFF},
-                                                timeout=args.bench_timeout_s).returncode
-                except subprocess.TimeoutExpired:
-                    returncode = "timeout"
+                returncode = run_process_group(cmd, args.bench_timeout_s)
                 result = json.loads(out.read_text())["result"] if returncode == 0 and out.exists() else None
                 rows.append({"mode": mode, "model": model, "tp": tp, "ep": ep, "result": result,
                              "returncode": returncode})
                 save()
     _print_scaling(rows, args.gpus)
+
+
+def run_process_group(cmd: list[str], timeout_s: float) -> int | str:
+    """Run ``cmd`` in its own process group; on timeout kill the whole group (its spawned ranks too, which
+    would otherwise keep their GPUs' memory and fail every later run)."""
+    proc = subprocess.Popen(cmd, env={**os.environ, **NVLS_OFF}, start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return "timeout"
 
 
 def _print_scaling(rows: list[dict], gpus: int) -> None:

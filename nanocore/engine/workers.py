@@ -13,6 +13,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass
@@ -152,6 +153,7 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where is it stuck
         trace(rank, f"started on {device_name}")
+        exit_when_orphaned()
         if device_name == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
         try:
@@ -165,6 +167,19 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
         conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
         raise SystemExit(1)
     exit_worker_process(0)  # done and out of the group: skip teardown that can abort on leftover threads
+
+
+def exit_when_orphaned(poll_s: float = 1.0) -> None:
+    """End this worker once rank 0's process is gone, even while stuck in a collective: a killed engine must
+    not leave a rank holding its GPU's memory (the next engine on that GPU would find none)."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="nanocore-orphan-watch", daemon=True).start()
 
 
 class Worker:

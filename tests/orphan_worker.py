@@ -1,0 +1,27 @@
+"""For tests/test_teardown.py: a spawned rank whose parent dies without a word must end by itself.
+
+Usage: python tests/orphan_worker.py PID_FILE  (the parent exits once the child wrote its pid)
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def child(pid_file: str) -> None:
+    from nanocore.engine.workers import exit_when_orphaned
+
+    exit_when_orphaned(poll_s=0.05)
+    Path(pid_file).write_text(str(os.getpid()))
+    time.sleep(60)  # as if stuck in a collective
+
+
+if __name__ == "__main__":
+    proc = mp.get_context("spawn").Process(target=child, args=(sys.argv[1],))
+    proc.start()
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.05)
+    os._exit(0)  # like a SIGKILLed engine: no atexit, no terminate() of the child
