@@ -142,18 +142,31 @@ def destroy_distributed(timeout_s: float = 60.0) -> None:
         _destroy_process_group_within(timeout_s)
 
 
-def _destroy_process_group_within(timeout_s: float) -> None:
-    """``dist.destroy_process_group()``, given up (with a warning) after ``timeout_s``: a peer that never
-    joins NCCL's finalize must not hang the caller for ever."""
+def abandon_process_group(timeout_s: float = 10.0) -> None:
+    """Leave a group whose peers are gone or out of step (no rendezvous): NCCL communicators are aborted (a
+    destroy would wait for the peers' finalize), gloo's group destroyed; bounded like every teardown."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
+    if dist.get_backend() == "nccl" and abort is not None:
+        _destroy_process_group_within(timeout_s, abort)
+    else:
+        _destroy_process_group_within(timeout_s)
+
+
+def _destroy_process_group_within(timeout_s: float, destroy=None) -> None:
+    """``dist.destroy_process_group()`` (or ``destroy``), given up with a warning after ``timeout_s``: a peer
+    that never joins NCCL's finalize must not hang the caller for ever."""
+    destroy = destroy or dist.destroy_process_group
     done = threading.Event()
 
-    def destroy() -> None:
-        dist.destroy_process_group()
+    def run() -> None:
+        destroy()
         done.set()
 
-    threading.Thread(target=destroy, name="nanocore-destroy-process-group", daemon=True).start()
+    threading.Thread(target=run, name="nanocore-leave-process-group", daemon=True).start()
     if not done.wait(timeout_s):
-        logger.warning("torch.distributed.destroy_process_group() did not return within %.0f s; going on "
+        logger.warning("leaving the torch.distributed process group did not finish within %.0f s; going on "
                        "without it (a new tensor-parallel engine in this process may refuse to start)", timeout_s)
 
 

@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from nanocore.config import EngineConfig
-from nanocore.distributed import destroy_distributed
+from nanocore.distributed import abandon_process_group, destroy_distributed
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner
 from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, dist_timeout,
@@ -228,7 +228,7 @@ def _describe(rank: int, doing: str, error: tuple[str, str] | None, proc) -> str
 
 
 def _shutdown(procs: list, conns: list, state: dict) -> None:
-    """Tell idle workers to exit and leave the group together; otherwise terminate them."""
+    """Tell idle workers to exit and leave the group together; otherwise end them, then abandon the group."""
     clean = state["serving"] and not state["broken"] and all(p.is_alive() for p in procs)
     trace(0, f"shutting down ({'clean' if clean else 'terminating the workers'})")
     if clean:
@@ -237,19 +237,24 @@ def _shutdown(procs: list, conns: list, state: dict) -> None:
                 conn.send_bytes(pickle.dumps(("exit", ())))
         except OSError:
             clean = False
+    if not clean:
+        _end_workers(procs, grace_s=0.2)  # first: an NCCL group left while peers still run can wait on them
     if state["own_group"] and dist.is_initialized():
         if clean:
             with contextlib.suppress(RuntimeError):
-                destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
+                destroy_distributed()  # NCCL: every rank at once; gloo: workers first, rank 0 (the store host) last
             trace(0, "left the process group")
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        abandon_process_group()  # a broken group, or a destroy that timed out (no-op once left)
         state["own_group"] = False
-    for proc in procs:
-        proc.join(timeout=10 if clean else 0.2)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(timeout=5)
+    _end_workers(procs, grace_s=10 if clean else 0.2)
     for conn in conns:
         conn.close()
     state["serving"] = False
+
+
+def _end_workers(procs: list, grace_s: float) -> None:
+    for proc in procs:
+        proc.join(timeout=grace_s)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
