@@ -72,10 +72,9 @@ class LLMEngine:
             raise ValueError(f"max_model_len {self.max_model_len} exceeds the model's {loaded_model.max_model_len}")
         if self.workers is None:
             codec = build_backend("kv_codec", config, self.device)
-            self.runner = ModelRunner(config, loaded_model.model, loaded_model.model.kv_cache_spec, loaded_model.dtype,
-                                      self.device, codec, self.max_model_len, list(self.eos_token_ids))
+            self.runner = ModelRunner(config, loaded_model, self.device, codec, self.max_model_len)
         else:  # every rank builds its codec and runner; the KV block count is the minimum over ranks
-            self.runner = self.workers.build_runner(loaded_model, self.max_model_len, list(self.eos_token_ids))
+            self.runner = self.workers.build_runner(loaded_model, self.max_model_len)
         prefix_cache = build_backend("prefix_cache", config, self.device, config.block_size, self.runner.num_blocks)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, prefix_cache)
         self.scheduler = Scheduler(build_backend("scheduler_policy", config, self.device), self.block_manager,

@@ -168,14 +168,15 @@ class ModelRunner:
     #: False on tensor/expert-parallel workers: they run every forward (its collectives need them); rank 0 samples
     samples = True
 
-    def __init__(self, config: EngineConfig, model, kv_cache_spec: tuple[int, int, int], dtype: torch.dtype,
-                 device: torch.device, codec: KVCodec, max_model_len: int, eos_token_ids: list[int]):
-        self.model = model
+    def __init__(self, config: EngineConfig, loaded, device: torch.device, codec: KVCodec, max_model_len: int):
+        """``loaded``: the LoadedModel (model, dtype, EOS ids) of this rank."""
+        self.model = model = loaded.model
         self.device = device
-        self.dtype = dtype
+        self.dtype = dtype = loaded.dtype
         self.codec = codec
         self.block_size = config.block_size
-        self.eos_token_ids = list(eos_token_ids)
+        self.eos_token_ids = list(loaded.eos_token_ids or [])
+        kv_cache_spec = model.kv_cache_spec
         num_layers, num_kv_heads, head_dim = kv_cache_spec
         self.bytes_per_block = bytes_per_block = kv_bytes_per_block(codec, kv_cache_spec, dtype, self.block_size)
         self.num_blocks = choose_num_kv_blocks(config, model, max_model_len, bytes_per_block, device)

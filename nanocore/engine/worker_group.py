@@ -83,15 +83,14 @@ class WorkerGroup:
         with self._closing_on_error():
             return load_model(self.config, self.device, self.parallel)
 
-    def build_runner(self, loaded, max_model_len: int, eos_token_ids: list[int]) -> ParallelModelRunner:
+    def build_runner(self, loaded, max_model_len: int) -> ParallelModelRunner:
         """Rank 0's ModelRunner, built alongside the workers' with the KV block count they all agreed on."""
         with self._closing_on_error():
             codec = build_backend("kv_codec", self.config, self.device)
             self._wait("loaded", "while loading the model")
             config = agreed_runner_config(self.config, loaded, self.device, codec, max_model_len)
             trace(0, f"agreed on {config.num_kv_blocks} KV blocks")
-            runner = ModelRunner(config, loaded.model, loaded.model.kv_cache_spec, loaded.dtype, self.device, codec,
-                                 max_model_len, eos_token_ids)
+            runner = ModelRunner(config, loaded, self.device, codec, max_model_len)
             self.worker_num_blocks = list(self._wait("ready", "while building its KV cache").values())
             assert all(n == runner.num_blocks for n in self.worker_num_blocks), (runner.num_blocks, self.worker_num_blocks)
         self._state["serving"] = True

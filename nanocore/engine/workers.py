@@ -196,8 +196,7 @@ class Worker:
         trace(rank, "model loaded")
         runner_config = agreed_runner_config(config, loaded, device, codec, max_model_len)
         trace(rank, f"agreed on {runner_config.num_kv_blocks} KV blocks")
-        self.runner = ModelRunner(runner_config, loaded.model, loaded.model.kv_cache_spec, loaded.dtype, device,
-                                  codec, max_model_len, list(loaded.eos_token_ids or []))
+        self.runner = ModelRunner(runner_config, loaded, device, codec, max_model_len)
         self.runner.samples = False
         conn.send(("ready", self.runner.num_blocks))
         trace(rank, "runner ready")
