@@ -63,3 +63,17 @@ def test_an_eager_moe_executor_blocks_cuda_graphs():
     assert graph_blocker(model) is None
     model[0].executor = EagerMoEExecutor()
     assert "eager" in graph_blocker(model).lower() or "EagerMoEExecutor" in graph_blocker(model)
+
+
+def test_expert_parallel_dispatch_blocks_cuda_graphs():
+    """EP's all-to-all sizes its messages on the host: the model says so (no config flag is flipped)."""
+    import torch
+
+    from nanocore.engine.model_runner import graph_blocker
+    from nanocore.layers.moe import AllToAllPrepareFinalize, LocalPrepareFinalize
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    model[0].prepare_finalize = LocalPrepareFinalize()
+    assert graph_blocker(model) is None
+    model[0].prepare_finalize = AllToAllPrepareFinalize(group=None, ep_size=2, num_local_experts=4)
+    assert "expert parallelism" in graph_blocker(model)

@@ -155,12 +155,15 @@ def build_sampling_tensors(seqs: list[Sequence], eos_token_ids: list[int],
 
 
 def graph_blocker(model: torch.nn.Module) -> str | None:
-    """Why the model cannot be captured in a CUDA graph (an MoE executor that syncs with the host), or None."""
+    """Why the model cannot be captured in a CUDA graph (a step that synchronises with the host), or None."""
     for module in model.modules():
         executor = getattr(module, "executor", None)
         if executor is not None and not getattr(executor, "supports_cuda_graph", True):
             return (f"MoE executor {type(executor).__name__!r} synchronises with the host; choose one with "
                     f"supports_cuda_graph (e.g. moe_executor='triton_fused_moe') for graph-captured decode")
+        reason = getattr(getattr(module, "prepare_finalize", None), "cuda_graph_blocker", None)
+        if reason:
+            return reason
     return None
 
 

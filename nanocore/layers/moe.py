@@ -64,6 +64,8 @@ class Router(nn.Module):
 class LocalPrepareFinalize:
     """Every expert lives on this rank: run the executor on the tokens as they are."""
 
+    cuda_graph_blocker = None
+
     def __call__(self, x, topk_weights, topk_ids, experts: ExpertsFn) -> torch.Tensor:
         return experts(x, topk_weights, topk_ids)
 
@@ -75,6 +77,8 @@ class AllToAllPrepareFinalize:
     ``top_k`` ids, those owned elsewhere set to -1 (the executor contract: they contribute nothing).
     Message sizes depend on routing, so this path synchronises with the host (no CUDA graphs).
     """
+
+    cuda_graph_blocker = "expert parallelism sizes its all-to-all messages on the host"
 
     def __init__(self, group, ep_size: int, num_local_experts: int):
         self.group, self.ep_size, self.num_local_experts = group, ep_size, num_local_experts
