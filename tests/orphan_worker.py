@@ -11,16 +11,18 @@ import time
 from pathlib import Path
 
 
-def child(pid_file: str) -> None:
+def child(pid_file: str, parent_pid: int) -> None:
     from nanocore.engine.workers import exit_when_orphaned
 
-    exit_when_orphaned(poll_s=0.05)
-    Path(pid_file).write_text(str(os.getpid()))
+    exit_when_orphaned(parent_pid, poll_s=0.05)
+    tmp = Path(pid_file + ".tmp")
+    tmp.write_text(str(os.getpid()))
+    os.replace(tmp, pid_file)  # the parent sees the whole pid or nothing
     time.sleep(60)  # as if stuck in a collective
 
 
 if __name__ == "__main__":
-    proc = mp.get_context("spawn").Process(target=child, args=(sys.argv[1],))
+    proc = mp.get_context("spawn").Process(target=child, args=(sys.argv[1], os.getpid()))
     proc.start()
     while not Path(sys.argv[1]).exists():
         time.sleep(0.05)

@@ -1,5 +1,7 @@
 """Teardown for tests/test_teardown.py: two gloo ranks leave the group through the NCCL branch of
-``destroy_distributed`` (every rank destroys at once), then each records how long it took.
+``destroy_distributed`` with NCCL's pairing emulated (a rank's destroy returns only once every rank has
+entered its own), then each records how long it took. An order where one rank waits for the other to
+finish destroying first deadlocks here until the timeout, as it did on 2 H200s.
 
 Usage: python tests/teardown_worker.py OUT_DIR  (writes OUT_DIR/rank{0,1}.txt)
 """
@@ -25,6 +27,15 @@ def worker(rank: int, port: int, out_dir: str) -> None:
     join_process_group(rank, 2, config, torch.device("cpu"), f"tcp://127.0.0.1:{port}")
     min_over_ranks(rank, torch.device("cpu"))  # one collective, as the engine's steps leave it
     dist.get_backend = lambda group=None: "nccl"  # take the all-ranks-at-once path on gloo
+    store, real_destroy = dist.distributed_c10d._get_default_store(), dist.destroy_process_group
+
+    def paired_destroy(group=None):  # NCCL's finalize: nobody finishes until every rank is in it
+        store.add("test/in_destroy", 1)
+        while store.add("test/in_destroy", 0) < 2:
+            time.sleep(0.01)
+        real_destroy()
+
+    dist.destroy_process_group = paired_destroy
     if rank == 1:
         time.sleep(1.0)  # arrive late: rank 0 must wait on the store, not in a collective
     start = time.monotonic()

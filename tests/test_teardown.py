@@ -25,7 +25,7 @@ def test_all_ranks_destroy_together_and_rank0_waits_for_a_late_peer(tmp_path):
     outcome = [(tmp_path / f"rank{r}.txt").read_text().split() for r in range(2)]
     assert [initialized for initialized, _ in outcome] == ["False", "False"]
     rank0_s, rank1_s = (float(seconds) for _, seconds in outcome)
-    assert 0.8 < rank0_s < 15, rank0_s  # waited for rank 1 on the store, then left well before the timeout
+    assert 0.5 < rank0_s < 15, rank0_s  # waited for rank 1 on the store, then left well before the timeout
     assert rank1_s < 15, rank1_s
 
 

@@ -118,66 +118,91 @@ _ARRIVED_KEY = "nanocore/arrived_at_teardown"
 _LEFT_KEY = "nanocore/left_group"
 
 
-def destroy_distributed(timeout_s: float = 60.0) -> None:
+def destroy_distributed(timeout_s: float = 60.0, peers_exited=None) -> bool:
     """Leave the process group, all ranks together; rank 0, which hosts the store, returns last.
 
     The rendezvous runs on the TCP store, never a collective. Then NCCL: every rank destroys at once (its
     finalize pairs up across ranks: a worker destroying first while rank 0 waited for it hung at close on
     2 H200s). gloo: the other ranks tear down first, then rank 0 (a peer still using the store or its gloo
-    pairs when rank 0 leaves is aborted)."""
+    pairs when rank 0 leaves is aborted). ``peers_exited`` (rank 0: how many worker processes ended) stops a
+    wait early once a worker died before counting itself in. False when a step timed out or failed (the
+    group may still be there)."""
     if not (dist.is_available() and dist.is_initialized()):
-        return
+        return True
     rank, world = dist.get_rank(), dist.get_world_size()
     store = dist.distributed_c10d._get_default_store()  # kept alive past destroy by this reference
     nccl = dist.get_backend() == "nccl"
     store.add(_ARRIVED_KEY, 1)
-    _wait_for_count(store, _ARRIVED_KEY, world, timeout_s)
+    if not _wait_for_count(store, _ARRIVED_KEY, world, timeout_s, peers_exited):
+        return False
+    left = True
     if nccl or rank != 0:
-        _destroy_process_group_within(timeout_s)
+        left = _destroy_process_group_within(timeout_s)
     if rank != 0:
         store.add(_LEFT_KEY, 1)
-        return
-    _wait_for_count(store, _LEFT_KEY, world - 1, timeout_s)
-    if not nccl:
-        _destroy_process_group_within(timeout_s)
+        return left
+    if not _wait_for_count(store, _LEFT_KEY, world - 1, timeout_s, peers_exited, exits_counted=True):
+        return False
+    return _destroy_process_group_within(timeout_s) if not nccl else left
 
 
-def abandon_process_group(timeout_s: float = 10.0) -> None:
+def abandon_process_group(timeout_s: float = 10.0) -> bool:
     """Leave a group whose peers are gone or out of step (no rendezvous): NCCL communicators are aborted (a
     destroy would wait for the peers' finalize), gloo's group destroyed; bounded like every teardown."""
     if not (dist.is_available() and dist.is_initialized()):
-        return
+        return True
     abort = getattr(dist.distributed_c10d, "_abort_process_group", None)
     if dist.get_backend() == "nccl" and abort is not None:
-        _destroy_process_group_within(timeout_s, abort)
-    else:
-        _destroy_process_group_within(timeout_s)
+        return _destroy_process_group_within(timeout_s, abort)
+    return _destroy_process_group_within(timeout_s)
 
 
-def _destroy_process_group_within(timeout_s: float, destroy=None) -> None:
+def _destroy_process_group_within(timeout_s: float, destroy=None) -> bool:
     """``dist.destroy_process_group()`` (or ``destroy``), given up with a warning after ``timeout_s``: a peer
-    that never joins NCCL's finalize must not hang the caller for ever."""
+    that never joins NCCL's finalize must not hang the caller for ever. A timed-out call keeps running in
+    its thread (NCCL offers no way to cancel it), so the group may still exist: a new tensor-parallel engine
+    in this process then refuses to start with a clear error."""
     destroy = destroy or dist.destroy_process_group
     done = threading.Event()
+    failure: list[BaseException] = []
 
     def run() -> None:
-        destroy()
-        done.set()
+        try:
+            destroy()
+        except BaseException as exc:  # reported by the caller, not the thread's excepthook
+            failure.append(exc)
+        finally:
+            done.set()
 
     threading.Thread(target=run, name="nanocore-leave-process-group", daemon=True).start()
     if not done.wait(timeout_s):
         logger.warning("leaving the torch.distributed process group did not finish within %.0f s; going on "
                        "without it (a new tensor-parallel engine in this process may refuse to start)", timeout_s)
+        return False
+    if failure:
+        logger.warning("leaving the torch.distributed process group failed: %s", failure[0])
+        return False
+    return True
 
 
-def _wait_for_count(store, key: str, count: int, timeout_s: float) -> bool:
-    """Poll a store counter until it reaches ``count``; False after ``timeout_s`` (teardown goes on regardless)."""
+def _wait_for_count(store, key: str, count: int, timeout_s: float, peers_exited=None,
+                    exits_counted: bool = False) -> bool:
+    """Poll a store counter until it reaches ``count``; False after ``timeout_s``, or once more workers ended
+    than the counter explains (``exits_counted``: a worker counts itself in before it exits, so exits up to
+    the count are normal)."""
     deadline = time.monotonic() + timeout_s
-    while store.add(key, 0) < count:
+    while True:
+        gone = peers_exited() if peers_exited is not None else 0  # before the counter: a normal exit shows in it
+        reached = store.add(key, 0)
+        if reached >= count:
+            return True
+        if gone > (reached if exits_counted else 0):
+            logger.warning("teardown: a worker ended before %s reached %d", key, count)
+            return False
         if time.monotonic() > deadline:
+            logger.warning("teardown: %s stayed below %d for %.0f s", key, count, timeout_s)
             return False
         time.sleep(0.005)
-    return True
 
 
 def exit_worker_process(code: int = 0) -> None:

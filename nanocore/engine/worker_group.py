@@ -66,7 +66,7 @@ class WorkerGroup:
                 parent, child = ctx.Pipe()
                 proc = ctx.Process(target=worker_main, name=f"nanocore-rank{rank}", daemon=True,
                                    args=(rank, self.world_size, config.model_dump(), init_method,
-                                         str(rank_device(device, rank)), child))
+                                         str(rank_device(device, rank)), child, os.getpid()))
                 proc.start()
                 child.close()  # so a dead worker reads as EOF here
                 self.procs.append(proc)
@@ -240,10 +240,13 @@ def _shutdown(procs: list, conns: list, state: dict) -> None:
         _end_workers(procs, grace_s=0.2)  # first: an NCCL group left while peers still run can wait on them
     if state["own_group"] and dist.is_initialized():
         if clean:
-            with contextlib.suppress(RuntimeError):
-                destroy_distributed()  # NCCL: every rank at once; gloo: workers first, rank 0 (the store host) last
-            trace(0, "left the process group")
-        abandon_process_group()  # a broken group, or a destroy that timed out (no-op once left)
+            left = False
+            with contextlib.suppress(RuntimeError):  # NCCL: every rank at once; gloo: workers first, rank 0 last
+                left = destroy_distributed(peers_exited=lambda: sum(not p.is_alive() for p in procs))
+            trace(0, "left the process group" if left else "teardown cut short")
+        if dist.is_initialized():  # a broken group, or a clean teardown cut short: end the workers, then abort
+            _end_workers(procs, grace_s=0.2)
+            abandon_process_group()
         state["own_group"] = False
     _end_workers(procs, grace_s=10 if clean else 0.2)
     for conn in conns:
@@ -256,4 +259,7 @@ def _end_workers(procs: list, grace_s: float) -> None:
         proc.join(timeout=grace_s)
         if proc.is_alive():
             proc.terminate()
+            proc.join(timeout=5)
+        if proc.is_alive():  # SIGTERM can wait behind a stuck collective
+            proc.kill()
             proc.join(timeout=5)

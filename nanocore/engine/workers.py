@@ -103,8 +103,6 @@ def agreed_runner_config(config: EngineConfig, loaded, device: torch.device, cod
     if config.num_kv_blocks is None:  # block ids are shared, so every rank must hold every block
         update["num_kv_blocks"] = min_over_ranks(local_num_kv_blocks(config, loaded, device, codec, max_model_len),
                                                  device)
-    if config.expert_parallel_size > 1 and not config.enforce_eager:
-        update["enforce_eager"] = True  # the EP all-to-all sizes messages on the host: not capturable
     return config.model_copy(update=update)
 
 
@@ -146,14 +144,15 @@ def ship(seqs, num_tokens: list[int]) -> list[tuple]:
 
 
 # ---- the worker process ------------------------------------------------------------------------
-def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str, device_name: str, conn) -> None:
+def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str, device_name: str, conn,
+                parent_pid: int) -> None:
     """Entry point of ranks 1..N-1: validate, load, size the KV cache, then serve rank 0's calls."""
     try:
         os.environ.update(NVLS_OFF)
         if hasattr(signal, "SIGUSR1"):
             faulthandler.register(signal.SIGUSR1, all_threads=True)  # `kill -USR1 <pid>`: where is it stuck
         trace(rank, f"started on {device_name}")
-        exit_when_orphaned()
+        exit_when_orphaned(parent_pid)
         if device_name == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))  # ranks share the cores
         try:
@@ -169,13 +168,12 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
     exit_worker_process(0)  # done and out of the group: skip teardown that can abort on leftover threads
 
 
-def exit_when_orphaned(poll_s: float = 1.0) -> None:
-    """End this worker once rank 0's process is gone, even while stuck in a collective: a killed engine must
-    not leave a rank holding its GPU's memory (the next engine on that GPU would find none)."""
-    parent = os.getppid()
+def exit_when_orphaned(parent_pid: int, poll_s: float = 1.0) -> None:
+    """End this worker once rank 0's process (``parent_pid``, passed in: it may die before we start) is gone,
+    even while stuck in a collective: a killed engine must not leave a rank holding its GPU's memory."""
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while os.getppid() == parent_pid:
             time.sleep(poll_s)
         os._exit(1)
 
