@@ -81,6 +81,8 @@ def test_backends_chosen_by_name_load_in_workers(qwen2):
     llm = LLM(str(qwen2), tensor_parallel_size=2, **SMALL, **config)
     try:
         assert type(llm.engine.runner.codec).__module__.startswith("nanocore_kv_quant")
+        assert llm.engine.workers.worker_backends == [{"linear_method": "unquantized", "kv_codec": "int8",
+                                                       "moe_executor": None}]
         assert run(llm)[0] == ref_tokens
         assert run(llm)[0] == ref_tokens  # second time through the prefix cache
         assert llm.stats().num_cached_tokens > 0

@@ -13,8 +13,12 @@ from spawn_helpers import wait_until_gone  # noqa: E402
 from nanocore.bench.tp_check import compare, layouts, run_process_group  # noqa: E402
 
 
-def _result(logits, tokens=((1, 2, 3),), blocks=(10, 10)):
-    return {"logits": logits, "tokens": [list(t) for t in tokens], "kv_blocks_per_rank": list(blocks)}
+RANK_BACKENDS = {"linear_method": "unquantized", "kv_codec": "unquantized", "moe_executor": None}
+
+
+def _result(logits, tokens=((1, 2, 3),), blocks=(10, 10), ranks=(RANK_BACKENDS, RANK_BACKENDS), repeat=True):
+    return {"logits": logits, "tokens": [list(t) for t in tokens], "kv_blocks_per_rank": list(blocks),
+            "backends_per_rank": list(ranks), "repeat_identical": repeat}
 
 
 def test_pass_rule():
@@ -24,7 +28,13 @@ def test_pass_rule():
     assert noisy.argmax(-1).equal(ref.argmax(-1))
     assert not compare(_result(ref), _result(noisy), "float32")["ok"]
     assert compare(_result(ref), _result(noisy), "float32", quantized=True)["ok"]
+    assert compare(_result(ref), _result(ref), "float32")["ok"]
     assert not compare(_result(ref), _result(ref, blocks=(10, 9)), "float32")["ok"]  # ranks disagree on KV
+    other = {**RANK_BACKENDS, "kv_codec": "int8"}
+    assert not compare(_result(ref), _result(ref, ranks=(other, RANK_BACKENDS)), "float32")["ok"]  # a worker differs
+    assert not compare(_result(ref), _result(ref, repeat=False), "float32")["ok"]  # a second run gave other tokens
+    wrong_decode = _result(ref, tokens=((1, 9, 9),))  # prompt logits fine, generated tokens not
+    assert not compare(_result(ref), wrong_decode, "float32")["ok"]
     flipped = ref.clone()
     flipped[:5] = -flipped[:5]  # 10% of the positions change their top-1
     row = compare(_result(ref), _result(flipped), "bfloat16", quantized=True)

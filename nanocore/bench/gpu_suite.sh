@@ -98,22 +98,22 @@ interference)
 tp2smoke)  # a TP=2 engine stage by stage (eager, graphs, MoE TP=2+EP=2); a stuck one dumps every rank's stack
   for flags in "--eager" "" "--moe --eager"; do
     log="$out/tp_smoke$(echo $flags | tr -d ' -').log"; echo "== tp_smoke $flags (full log: $log)"
-    ( sleep 75; pkill -USR1 -f "nanocore.bench.tp_smoke|multiprocessing.spawn"; sleep 3
-      pkill -9 -f "nanocore.bench.tp_smoke|multiprocessing.spawn" ) & dog=$!
-    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 NCCL_DEBUG=WARN python3 -m nanocore.bench.tp_smoke --gpus 2 \
-      $flags >"$log" 2>&1; echo "exit $?"; kill $dog 2>/dev/null
+    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 NCCL_DEBUG=WARN setsid python3 -m nanocore.bench.tp_smoke \
+      --gpus 2 $flags >"$log" 2>&1 & pid=$!  # its own process group: the watchdog reaches its ranks and nothing else
+    ( sleep 75; kill -USR1 -- -$pid; sleep 3; kill -9 -- -$pid ) 2>/dev/null & dog=$!
+    wait $pid; echo "exit $?"; kill $dog 2>/dev/null
     grep -v "Warning\|warn(\|call execute" "$log" | tail -${TAIL:-25}
   done ;;
 tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU and plugins chosen by name in the workers (~180 s; full log kept)
   echo "== tp_check --gpus 2 --backends (log: $out/tp_check_2gpu.log)"
-  NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 timeout 230 python3 -m nanocore.bench.tp_check --gpus 2 \
+  NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 timeout -k 10 260 python3 -m nanocore.bench.tp_check --gpus 2 \
     --backends --json "$out/tp_check_2gpu.json" >"$out/tp_check_2gpu.log" 2>&1; echo "exit $?"
   grep -E "TP=|Error|error" "$out/tp_check_2gpu.log" | grep -v "call execute" | tail -20 ;;
 tp2bench)  # Qwen2.5-7B TP=1 vs TP=2 (throughput, latency); Qwen1.5-MoE TP=2 vs EP=2 vs TP=2+EP=2 throughput
-  TAIL=20 step 330 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
+  TAIL=20 step 560 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
     --throughput-args "--num-seqs 128" --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --moe-layouts "2,1 1,2 2,2" \
     --moe-modes throughput --moe-bench-args "--moe-executor triton_fused_moe --max-model-len 2048 --min-len 128" \
-    --bench-timeout-s 75 --json "$out/tp_check_2gpu_bench.json" ;;
+    --bench-timeout-s 110 --json "$out/tp_check_2gpu_bench.json" ;;
 leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap cuda tests, int8 x int8 tiles
   TAIL=30 step 60 $N bench prefix $Q7 --num-kv-blocks 8192 --prefix-cache hash --scenario shared-prefix --repeats 2 \
     --json "$out/prefix_hash_qwen2.5_7b.json"

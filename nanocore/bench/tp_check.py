@@ -20,6 +20,7 @@ prints the scaling.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -72,6 +73,7 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
 
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
+    from nanocore.engine.workers import backend_names
 
     llm = LLM(str(model), device=args.device, dtype=dtype or args.dtype, tensor_parallel_size=tp,
               expert_parallel_size=ep, gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=0.25,
@@ -81,13 +83,12 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
         greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
         tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
         tokens_again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
-        if tokens_again != tokens:  # the second pass reads the prefix cache (when one is chosen)
-            raise AssertionError(f"TP={tp} EP={ep} {backends}: a repeated greedy run gave other tokens")
         workers = llm.engine.workers
         blocks = [llm.engine.runner.num_blocks] + (workers.worker_num_blocks if workers else [])
-        executors = {type(m.executor).__name__ for m in llm.engine.runner.model.modules()
-                     if getattr(m, "executor", None) is not None}
-        return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks, "moe_executors": sorted(executors),
+        ranks = [backend_names(llm.engine.loaded, llm.engine.runner.codec)]
+        ranks += workers.worker_backends if workers else []
+        return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks, "backends_per_rank": ranks,
+                "repeat_identical": tokens_again == tokens,  # the second pass reads the prefix cache, if any
                 "backends": {kind: llm.config.model_dump()[kind] for kind in backends},
                 "cached_tokens": llm.stats().num_cached_tokens}
     finally:
@@ -99,16 +100,21 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
 
 
 def compare(ref: dict, got: dict, dtype: str, quantized: bool = False) -> dict:
-    """``quantized``: int8 / fp8 rounding turns reduction-order noise into whole steps, so top-1 decides."""
+    """Pass: every rank has the same KV block count and backends, a repeated greedy run repeats, and the
+    logits match (fp32: max |diff| within tolerance and >= 90% of the greedy tokens equal, so a broken decode
+    or CUDA-graph path fails; ``quantized`` or half precision: top-1 agreement >= 0.99 may stand in for the
+    diff, since int8 / fp8 / bf16 rounding turns reduction-order noise into whole steps)."""
     diff = (ref["logits"] - got["logits"]).abs().max().item()
     top1 = (ref["logits"].argmax(-1) == got["logits"].argmax(-1)).float().mean().item()
     same = sum(a == b for r, g in zip(ref["tokens"], got["tokens"]) for a, b in zip(r, g))
-    total = sum(len(r) for r in ref["tokens"])
-    blocks = got["kv_blocks_per_rank"]
-    return {"max_abs_logit_diff": diff, "top1_agreement": top1, "greedy_token_agreement": same / total,
-            "kv_blocks_per_rank": blocks, "kv_blocks_agree": len(set(blocks)) == 1,
-            "ok": len(set(blocks)) == 1 and (diff <= TOLERANCE[dtype]
-                                             or ((quantized or dtype != "float32") and top1 >= 0.99))}
+    greedy = same / sum(len(r) for r in ref["tokens"])
+    blocks, ranks = got["kv_blocks_per_rank"], got.get("backends_per_rank", [{}])
+    consistent = len(set(blocks)) == 1 and all(b == ranks[0] for b in ranks) and got.get("repeat_identical", True)
+    close = diff <= TOLERANCE[dtype] or ((quantized or dtype != "float32") and top1 >= 0.99)
+    return {"max_abs_logit_diff": diff, "top1_agreement": top1, "greedy_token_agreement": greedy,
+            "kv_blocks_per_rank": blocks, "kv_blocks_agree": len(set(blocks)) == 1, "backends_per_rank": ranks,
+            "repeat_identical": got.get("repeat_identical", True),
+            "ok": consistent and close and (dtype != "float32" or greedy >= 0.9)}
 
 
 def check_logits(args) -> list[dict]:
@@ -118,10 +124,10 @@ def check_logits(args) -> list[dict]:
             ref = measure(path, 1, 1, args)
             for tp, ep in layouts(args.gpus, kind):
                 got = measure(path, tp, ep, args)
-                row = {"model": kind, "tp": tp, "ep": ep, "moe_executors": got["moe_executors"],
-                       **compare(ref, got, args.dtype)}
+                row = {"model": kind, "tp": tp, "ep": ep, **compare(ref, got, args.dtype)}
                 rows.append(row)
-                print(f"{kind:6} TP={tp} EP={ep} {got['moe_executors']}: max|diff| {row['max_abs_logit_diff']:.2e}  "
+                executor = got["backends_per_rank"][0]["moe_executor"] or ""
+                print(f"{kind:6} TP={tp} EP={ep} {executor}: max|diff| {row['max_abs_logit_diff']:.2e}  "
                       f"top-1 {row['top1_agreement']:.4f}  greedy {row['greedy_token_agreement']:.4f}  KV blocks "
                       f"{row['kv_blocks_per_rank']}  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
     return rows
@@ -133,27 +139,28 @@ def dense_backends() -> dict:
 
 
 def check_backends(args) -> list[dict]:
-    """Plugins chosen by name at TP=N vs the same plugins at one rank (the MoE executor plugin is the logits
-    check's: ``auto`` picks triton_fused_moe on CUDA, and each row names the executor that ran)."""
+    """Plugins chosen by name at TP=N vs the same plugins at one rank; each rank reports the backends its
+    forward runs (workers load plugins themselves) and the repeated greedy run must read the prefix cache.
+    The MoE executor plugin is the logits check's (``auto`` picks triton_fused_moe on CUDA)."""
     from nanocore.cli.main import main as nanocore_main
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = make_checkpoints(Path(tmp), moe=False)
+        dense = make_checkpoints(Path(tmp), moe=False)["dense"]
         fp8 = Path(tmp) / "dense_fp8"
-        if nanocore_main(["quantize", "--method", "fp8_w8a16", "--model", str(paths["dense"]), "--out", str(fp8)]):
+        if nanocore_main(["quantize", "--method", "fp8_w8a16", "--model", str(dense), "--out", str(fp8)]):
             raise RuntimeError("nanocore quantize failed")
-        cases = [(fp8, "dense_fp8", layouts(args.gpus, "dense"), dense_backends())]
-        for path, kind, parallel, backends in cases:
-            ref = measure(path, 1, 1, args, dtype=args.backends_dtype, **backends)
-            for tp, ep in parallel:
-                got = measure(path, tp, ep, args, dtype=args.backends_dtype, **backends)
-                row = {"model": kind, "tp": tp, "ep": ep, "backends": got["backends"],
-                       "cached_tokens": got["cached_tokens"], **compare(ref, got, args.backends_dtype, quantized=True)}
-                rows.append(row)
-                print(f"{kind:9} TP={tp} EP={ep} {got['backends']}: max|diff| {row['max_abs_logit_diff']:.2e}  "
-                      f"top-1 {row['top1_agreement']:.4f}  greedy {row['greedy_token_agreement']:.4f}  cached "
-                      f"tokens {row['cached_tokens']}  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
+        backends = dense_backends()
+        ref = measure(fp8, 1, 1, args, dtype=args.backends_dtype, **backends)
+        for tp, ep in layouts(args.gpus, "dense"):
+            got = measure(fp8, tp, ep, args, dtype=args.backends_dtype, **backends)
+            row = {"model": "dense_fp8", "tp": tp, "ep": ep, "backends": got["backends"],
+                   "cached_tokens": got["cached_tokens"], **compare(ref, got, args.backends_dtype, quantized=True)}
+            row["ok"] = row["ok"] and row["cached_tokens"] > 0
+            rows.append(row)
+            print(f"dense_fp8 TP={tp} EP={ep} {row['backends_per_rank']}: max|diff| {row['max_abs_logit_diff']:.2e}  "
+                  f"top-1 {row['top1_agreement']:.4f}  greedy {row['greedy_token_agreement']:.4f}  cached "
+                  f"tokens {row['cached_tokens']}  {'ok' if row['ok'] else 'MISMATCH'}", flush=True)
     return rows
 
 
@@ -177,7 +184,8 @@ def bench(args, rows: list[dict], save) -> None:
                        "--json", str(out), *extra.split(), *model_args.split()]
                 print("$", " ".join(cmd), flush=True)
                 returncode = run_process_group(cmd, args.bench_timeout_s)
-                result = json.loads(out.read_text())["result"] if returncode == 0 and out.exists() else None
+                # a run whose JSON exists measured; a non-zero code then is its teardown's (kept alongside)
+                result = json.loads(out.read_text())["result"] if out.exists() else None
                 rows.append({"mode": mode, "model": model, "tp": tp, "ep": ep, "result": result,
                              "returncode": returncode})
                 save()
@@ -185,15 +193,17 @@ def bench(args, rows: list[dict], save) -> None:
 
 
 def run_process_group(cmd: list[str], timeout_s: float) -> int | str:
-    """Run ``cmd`` in its own process group; on timeout kill the whole group (its spawned ranks too, which
-    would otherwise keep their GPUs' memory and fail every later run)."""
+    """Run ``cmd`` in its own process group; on timeout, or when this script is stopped, kill the whole group
+    (its spawned ranks too, which would otherwise keep their GPUs' memory and fail every later run)."""
     proc = subprocess.Popen(cmd, env={**os.environ, **NVLS_OFF}, start_new_session=True)
     try:
         return proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
         return "timeout"
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left (nothing, after a clean exit)
+        proc.wait()
 
 
 def _print_scaling(rows: list[dict], gpus: int) -> None:
@@ -207,8 +217,9 @@ def _print_scaling(rows: list[dict], gpus: int) -> None:
             print(f"{r['mode']:10} {r['model']} TP={r['tp']} EP={r['ep']}: failed (exit {r['returncode']})")
             continue
         value, ref = r["result"][metric[r["mode"]]], b["result"][metric[r["mode"]]]
+        exit_note = "" if r["returncode"] == 0 else f"  [exit {r['returncode']} after writing its result]"
         print(f"{r['mode']:10} {r['model']} TP={r['tp']} EP={r['ep']}: {metric[r['mode']]} {value:.2f} "
-              f"({value / ref:.2f}x of TP={b['tp']} EP={b['ep']})")
+              f"({value / ref:.2f}x of TP={b['tp']} EP={b['ep']}){exit_note}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -236,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", metavar="PATH", help="write every row as JSON")
     args = p.parse_args(argv)
     os.environ.update(NVLS_OFF)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # `timeout` stops us: finally-blocks kill bench runs
     if args.device.startswith("cuda"):
         import torch
         if torch.cuda.device_count() < args.gpus:
@@ -257,7 +269,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.bench:
         report["bench"] = []
         bench(args, report["bench"], save)
-    return 0 if all(r["ok"] for r in report["logits"] + report.get("backends", [])) else 1
+    bench_ok = all(r["result"] is not None and r["returncode"] == 0 for r in report.get("bench", []))
+    return 0 if bench_ok and all(r["ok"] for r in report["logits"] + report.get("backends", [])) else 1
 
 
 if __name__ == "__main__":

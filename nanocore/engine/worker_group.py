@@ -23,8 +23,9 @@ from nanocore.config import EngineConfig
 from nanocore.distributed import abandon_process_group, destroy_distributed
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner
-from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, dist_timeout,
-                                     join_process_group, rank_device, ship, trace, worker_main, world_size_of)
+from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
+                                     dist_timeout, join_process_group, rank_device, ship, trace, worker_main,
+                                     world_size_of)
 
 
 def free_port() -> int:
@@ -58,6 +59,7 @@ class WorkerGroup:
         self.procs: list = []
         self.conns: list = []
         self.worker_num_blocks: list[int] = []
+        self.worker_backends: list[dict] = []  # each worker's backend_names(), in rank order
         self._state = {"serving": False, "broken": None, "own_group": False}  # shared with the finalizer, which must not hold self
         self._finalizer = weakref.finalize(self, _shutdown, self.procs, self.conns, self._state)
         ctx = mp.get_context("spawn")
@@ -91,8 +93,14 @@ class WorkerGroup:
             config = agreed_runner_config(self.config, loaded, self.device, codec, max_model_len)
             trace(0, f"agreed on {config.num_kv_blocks} KV blocks")
             runner = ModelRunner(config, loaded, self.device, codec, max_model_len)
-            self.worker_num_blocks = list(self._wait("ready", "while building its KV cache").values())
+            ready = list(self._wait("ready", "while building its KV cache").values())
+            self.worker_num_blocks = [num_blocks for num_blocks, _ in ready]
+            self.worker_backends = [backends for _, backends in ready]
             assert all(n == runner.num_blocks for n in self.worker_num_blocks), (runner.num_blocks, self.worker_num_blocks)
+            mine = backend_names(loaded, codec)
+            if any(b != mine for b in self.worker_backends):  # plugins resolve per process: "auto" could differ
+                raise WorkerError(f"the workers resolved other backends than rank 0 ({mine}): {self.worker_backends}; "
+                                  f"name the backends explicitly instead of 'auto'")
         self._state["serving"] = True
         return ParallelModelRunner(runner, self)
 

@@ -97,6 +97,13 @@ def local_num_kv_blocks(config: EngineConfig, loaded, device: torch.device, code
     return choose_num_kv_blocks(config, loaded.model, max_model_len, bytes_per_block, device)
 
 
+def backend_names(loaded, codec) -> dict[str, str | None]:
+    """The backends one rank's forward uses (every rank reports them: a worker must run what rank 0 runs)."""
+    executor = loaded.moe_executor
+    return {"linear_method": loaded.linear_method, "kv_codec": codec.name,
+            "moe_executor": None if executor is None else executor.name}
+
+
 def agreed_runner_config(config: EngineConfig, loaded, device: torch.device, codec, max_model_len: int) -> EngineConfig:
     """The config every rank builds its ModelRunner with: one KV block count (the minimum) for all ranks."""
     update = {}
@@ -196,7 +203,7 @@ class Worker:
         trace(rank, f"agreed on {runner_config.num_kv_blocks} KV blocks")
         self.runner = ModelRunner(runner_config, loaded, device, codec, max_model_len)
         self.runner.samples = False
-        conn.send(("ready", self.runner.num_blocks))
+        conn.send(("ready", (self.runner.num_blocks, backend_names(loaded, codec))))
         trace(rank, "runner ready")
 
     def serve(self) -> None:
