@@ -42,3 +42,18 @@ def test_bf16_on_cuda(quantize, m):
     expected = weight_only_linear_torch(x.float(), q, scale, bias.float())
     got = weight_only_linear(x, q, scale, bias).float()
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
+
+
+def test_split_k_counters_belong_to_one_weight():
+    """Two split-K GEMMs that overlap on different streams must not share arrival counters."""
+    from nanocore.kernels import quant_gemm
+
+    device = torch.device("cpu")
+    w1, w2 = torch.zeros(64, 32, dtype=torch.int8), torch.zeros(64, 32, dtype=torch.int8)
+    _, locks1 = quant_gemm.splitk_workspace(4, 1, 64, 4, device, w1)
+    _, locks2 = quant_gemm.splitk_workspace(4, 1, 64, 4, device, w2)
+    _, again = quant_gemm.splitk_workspace(4, 1, 64, 4, device, w1)
+    assert locks1.data_ptr() != locks2.data_ptr() and again.data_ptr() == locks1.data_ptr()
+    assert quant_gemm.splitk_workspace(1, 1, 64, 4, device, w1) == (None, None)
+    for w in (w1, w2):
+        quant_gemm._LOCKS.pop((device, w.data_ptr()))

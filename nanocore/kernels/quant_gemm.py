@@ -93,18 +93,21 @@ def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int 
     return max(1, min(want, k_tiles // 2, 16))
 
 
-_LOCKS: dict[torch.device, torch.Tensor] = {}
+#: Arrival counters per (device, weight): two split-K GEMMs that overlap on different streams (a shared
+#: expert on its side stream) must not share counters; one weight's calls run in stream order.
+_LOCKS: dict[tuple[torch.device, int], torch.Tensor] = {}
 
 
-def splitk_workspace(split_k: int, m: int, n: int, grid_n: int, device: torch.device):
-    """fp32 partials ``[split_k, m, n]`` and the per-column-block arrival counters (kept at zero)."""
+def splitk_workspace(split_k: int, m: int, n: int, grid_n: int, device: torch.device, weight: torch.Tensor):
+    """fp32 partials ``[split_k, m, n]`` and ``weight``'s per-column-block arrival counters (kept at zero)."""
     if split_k == 1:
         return None, None
-    locks = _LOCKS.get(device)
+    key = (device, weight.data_ptr())
+    locks = _LOCKS.get(key)
     if locks is None or locks.numel() < grid_n:  # counters reset themselves, so one buffer serves every call
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("split-K counters must be allocated before CUDA-graph capture; run once eagerly")
-        locks = _LOCKS[device] = torch.zeros(max(grid_n, 1 << 16), dtype=torch.int32, device=device)
+        locks = _LOCKS[key] = torch.zeros(max(grid_n, 64), dtype=torch.int32, device=device)
     return torch.empty((split_k, m, n), dtype=torch.float32, device=device), locks
 
 
@@ -155,7 +158,7 @@ def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
     split_k = split_k_for(grid_n, k_tiles, x2.device, cfg.split_k)
     k_per_split = triton.cdiv(k_tiles, split_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)
-    partials, locks = splitk_workspace(split_k, m, n, grid_n, x2.device)
+    partials, locks = splitk_workspace(split_k, m, n, grid_n, x2.device, w)
     b = bias if bias is not None else s  # placeholder pointer when there is no bias
     _wo_splitk_kernel[(grid_n, split_k)](
         x2, w, s, b, y, partials if partials is not None else s, locks if locks is not None else s,

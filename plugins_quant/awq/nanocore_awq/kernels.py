@@ -66,7 +66,7 @@ def awq_linear_triton(x, qweight, qzeros, scales, bias=None, config: GemmConfig 
         split_k = split_k_for(grid_n, k_tiles, x.device, cfg.split_k)
         k_per_split = triton.cdiv(k_tiles, split_k) * block_k
         split_k = triton.cdiv(k, k_per_split)
-        partials, locks = splitk_workspace(split_k, m, n, grid_n, x.device)
+        partials, locks = splitk_workspace(split_k, m, n, grid_n, x.device, qweight)
         _awq_splitk_kernel[(grid_n, split_k)](
             x2, qweight, qzeros, scales, b, y, partials if partials is not None else scales,
             locks if locks is not None else scales, m, n, k, k_per_split, x2.stride(0), *args, **common,
