@@ -10,6 +10,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from spawn_helpers import wait_until_gone  # noqa: E402
@@ -31,12 +32,13 @@ def test_all_ranks_destroy_together_and_rank0_waits_for_a_late_peer(tmp_path):
 
 def test_a_destroy_that_never_returns_is_given_up_with_a_warning(monkeypatch, caplog):
     never = threading.Event()
+    monkeypatch.setattr(parallel, "teardown_stuck", False)  # restored after: the timeout below sets it
     monkeypatch.setattr(parallel.dist, "destroy_process_group", lambda: never.wait())  # looked up per call
     start = time.monotonic()
     with caplog.at_level(logging.WARNING, logger=parallel.__name__):
         parallel._destroy_process_group_within(0.3)
     assert 0.25 < time.monotonic() - start < 5
-    assert "did not finish within" in caplog.text
+    assert "did not finish within" in caplog.text and parallel.teardown_stuck
     never.set()
 
 
@@ -57,3 +59,16 @@ def test_a_broken_nccl_group_is_aborted_not_destroyed(monkeypatch):
     monkeypatch.setattr(parallel.dist, "get_backend", lambda group=None: "gloo")
     parallel.abandon_process_group(timeout_s=5)
     assert calls == ["abort", "destroy"]
+
+
+def test_a_new_engine_after_a_stuck_teardown_says_to_start_a_new_process(monkeypatch):
+    import torch
+
+    from nanocore.config import EngineConfig
+    from nanocore.engine.workers import join_process_group
+
+    monkeypatch.setattr(parallel.dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(parallel, "teardown_stuck", True)
+    config = EngineConfig(model="dummy:x", device="cpu", tensor_parallel_size=2)
+    with pytest.raises(RuntimeError, match="could not leave its process group.*new Python process"):
+        join_process_group(0, 2, config, torch.device("cpu"), "tcp://127.0.0.1:1")

@@ -113,6 +113,9 @@ def _own_group(rank: int, world_size: int, size: int):
     return mine
 
 
+#: Set when leaving a process group timed out: the group may stay registered in this process for good.
+teardown_stuck = False
+
 #: Store counters: ranks that reached the teardown, ranks that left the group (rank 0 waits for both).
 _ARRIVED_KEY = "nanocore/arrived_at_teardown"
 _LEFT_KEY = "nanocore/left_group"
@@ -174,8 +177,10 @@ def _destroy_process_group_within(timeout_s: float, destroy=None) -> bool:
         finally:
             done.set()
 
+    global teardown_stuck
     threading.Thread(target=run, name="nanocore-leave-process-group", daemon=True).start()
     if not done.wait(timeout_s):
+        teardown_stuck = True
         logger.warning("leaving the torch.distributed process group did not finish within %.0f s; going on "
                        "without it (a new tensor-parallel engine in this process may refuse to start)", timeout_s)
         return False

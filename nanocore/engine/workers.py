@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from nanocore.config import EngineConfig
-from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed
+from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed, parallel
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner, choose_num_kv_blocks, kv_bytes_per_block
 
@@ -74,6 +74,9 @@ def join_process_group(rank: int, world_size: int, config: EngineConfig, device:
                        init_method: str) -> ParallelContext:
     """Create the default group ourselves (for its timeout), then let ``init_distributed`` carve TP / EP."""
     if dist.is_initialized():
+        if parallel.teardown_stuck:
+            raise RuntimeError("an earlier tensor / expert-parallel engine in this process could not leave its "
+                               "process group (see the warning it logged); start a new Python process")
         raise RuntimeError("a torch.distributed process group already exists in this process; nanocore starts "
                            "its own for tensor / expert parallelism, so destroy the other one first")
     if device.type == "cuda":
