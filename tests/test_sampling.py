@@ -1,6 +1,7 @@
 """Sampler: greedy, top-k / top-p / min-p masks, seeded reproducibility, logprobs; SamplingParams checks."""
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -117,6 +118,15 @@ def test_banned_tokens_are_never_sampled():
     ({"top_p": 0.0}, "top_p must be"), ({"top_p": 1.5}, "top_p must be"), ({"min_p": 2.0}, "min_p must be"),
     ({"max_tokens": 0}, "max_tokens must be"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
     ({"seed": -1}, "seed must be"), ({"logprobs": -1}, "logprobs must be"), ({"stop": [""]}, "stop must be"),
+    # wrong types and non-finite values: a clear ValueError, not a TypeError from a comparison or a crash in the
+    # sampler (logprobs=True reached torch.topk; temperature=inf sampled NaNs; seed=2**70 overflowed manual_seed)
+    ({"temperature": float("inf")}, "temperature must be"), ({"temperature": "0.5"}, "temperature must be"),
+    ({"temperature": None}, "temperature must be"), ({"top_p": None}, "top_p must be"),
+    ({"min_p": "0.1"}, "min_p must be"), ({"max_tokens": "5"}, "max_tokens must be"),
+    ({"min_tokens": "a"}, "min_tokens must be"), ({"n": True}, "n must be"), ({"top_k": True}, "top_k must be"),
+    ({"logprobs": True}, "logprobs must be"), ({"seed": 2**64}, "seed must be"), ({"seed": True}, "seed must be"),
+    ({"stop": 5}, "stop must be a string or a list"), ({"stop": {"a": 1}}, "stop must be a string or a list"),
+    ({"stop_token_ids": 5}, "stop_token_ids must be a list"), ({"stop_token_ids": ["x"]}, "stop_token_ids must be a list"),
 ])
 def test_invalid_sampling_params_say_what_is_allowed(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -126,4 +136,6 @@ def test_invalid_sampling_params_say_what_is_allowed(kwargs, message):
 def test_sampling_params_defaults_and_normalisation():
     p = SamplingParams(top_k=-1, stop="###", stop_token_ids=[5])
     assert p.top_k == 0 and p.stop_strings == ["###"] and p.stop_token_ids == [5]
+    p = SamplingParams(stop=("a", "b"), stop_token_ids=(np.int64(3),), seed=2**64 - 1, temperature=np.float32(0.5))
+    assert p.stop_strings == ["a", "b"] and p.stop_token_ids == [3]
     assert SamplingParams(temperature=0).greedy

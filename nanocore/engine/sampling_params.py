@@ -1,7 +1,22 @@
 """Per-request sampling parameters, mirroring vLLM's ``SamplingParams``."""
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass, field
+
+#: torch.Generator.manual_seed takes seeds in [0, 2**64).
+MAX_SEED = 2**64 - 1
+
+
+def _is_int(value) -> bool:
+    """An int that is not a bool (True is never a meaningful count, id or seed)."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    """A finite int or float (not a bool, not a string, not NaN / inf)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -25,31 +40,37 @@ class SamplingParams:
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {type(self.stop).__name__} {self.stop!r}")
         self._stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        self.stop_token_ids = [int(t) for t in (self.stop_token_ids or [])]
+        ids = self.stop_token_ids
+        if ids is not None and not (isinstance(ids, (list, tuple)) and all(_is_int(t) for t in ids)):
+            raise ValueError(f"stop_token_ids must be a list of integer token ids, got {ids!r}")
+        self.stop_token_ids = [int(t) for t in (ids or [])]
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
 
     def _validate(self) -> None:
         checks = [
-            (isinstance(self.n, int) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
-            (self.temperature >= 0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}"),
-            (isinstance(self.top_k, int) and self.top_k >= 0,
+            (_is_int(self.n) and self.n >= 1, f"n must be an integer >= 1, got {self.n!r}"),
+            (_is_real(self.temperature) and self.temperature >= 0,
+             f"temperature must be a finite number >= 0 (0 = greedy), got {self.temperature!r}"),
+            (_is_int(self.top_k) and self.top_k >= 0,
              f"top_k must be a positive integer, or 0 / -1 for the whole vocabulary, got {self.top_k!r}"),
-            (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
-            (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.seed is None or (isinstance(self.seed, int) and self.seed >= 0),
-             f"seed must be None or an integer >= 0, got {self.seed!r}"),
-            (self.max_tokens is None or (isinstance(self.max_tokens, int) and self.max_tokens >= 1),
+            (_is_real(self.top_p) and 0 < self.top_p <= 1, f"top_p must be a number in (0, 1], got {self.top_p!r}"),
+            (_is_real(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be a number in [0, 1], got {self.min_p!r}"),
+            (self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
+             f"seed must be None or an integer in [0, 2**64), got {self.seed!r}"),
+            (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
              f"max_tokens must be None or an integer >= 1, got {self.max_tokens!r}"),
-            (isinstance(self.min_tokens, int) and self.min_tokens >= 0,
+            (_is_int(self.min_tokens) and self.min_tokens >= 0,
              f"min_tokens must be an integer >= 0, got {self.min_tokens!r}"),
-            (self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            (not (_is_int(self.min_tokens) and _is_int(self.max_tokens)) or self.min_tokens <= self.max_tokens,
              f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})"),
             (all(isinstance(s, str) and s for s in self._stop), f"stop must be non-empty strings, got {self.stop!r}"),
             (all(t >= 0 for t in self.stop_token_ids), f"stop_token_ids must be >= 0, got {self.stop_token_ids}"),
-            (self.logprobs is None or (isinstance(self.logprobs, int) and self.logprobs >= 0),
+            (self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
              f"logprobs must be None or an integer >= 0 (number of top tokens), got {self.logprobs!r}"),
         ]
         for ok, message in checks:
