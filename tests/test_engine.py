@@ -139,6 +139,38 @@ def test_bad_inputs_are_clear_errors(fake_llm):
         fake_llm.chat([{"role": "user", "content": "hi"}])
 
 
+@pytest.mark.parametrize("prompts", [5, None, {"a": 1}])
+def test_prompts_of_the_wrong_type_are_clear_errors(fake_llm, prompts):
+    with pytest.raises(ValueError, match="prompts must be a string, a list of token ids"):
+        fake_llm.generate(prompts, use_tqdm=False)  # was a TypeError ("'int' object is not iterable")
+
+
+@pytest.mark.parametrize("params", [{"temperature": 0}, "greedy", [{"temperature": 0}]])
+def test_sampling_params_of_the_wrong_type_are_clear_errors(fake_llm, params):
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams"):
+        fake_llm.generate(["a"], params, use_tqdm=False)  # was an AttributeError deep in add_request
+    with pytest.raises(ValueError, match="sampling_params must be a SamplingParams"):
+        next(fake_llm.stream("a", params))
+    assert not fake_llm.engine.has_unfinished_requests()
+
+
+def test_stop_strings_without_a_tokenizer_are_an_error_not_ignored():
+    llm = LLM("fake", loaded_model=fake_loaded_model(tokenizer=False), block_size=4, num_kv_blocks=128, **CPU)
+    with pytest.raises(ValueError, match="stop strings.*need a tokenizer.*stop_token_ids"):
+        llm.generate([[5, 6, 7]], greedy(max_tokens=4, stop=["a"]), use_tqdm=False)
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_cuda_device_index_beyond_the_machine_is_a_clear_error(monkeypatch):
+    from nanocore.engine import llm_engine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert llm_engine.resolve_device("cuda:1") == torch.device("cuda:1")
+    with pytest.raises(ValueError, match=r"'cuda:7' does not exist.*2 CUDA device\(s\), cuda:0 \.\. cuda:1"):
+        llm_engine.resolve_device("cuda:7")
+
+
 # ---- real model code (tiny random checkpoints) ---------------------------------------------------
 @pytest.fixture(scope="module", params=["llama", "qwen2", "qwen3"])
 def tiny_ckpt(request, tmp_path_factory):

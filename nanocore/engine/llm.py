@@ -95,7 +95,7 @@ class LLM:
     # ---- streaming -----------------------------------------------------------------------
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """Yield the completion's text as it grows (incremental deltas). Needs ``n == 1``."""
-        params = sampling_params or SamplingParams()
+        params = normalize_params(sampling_params, 1)[0]
         if params.n != 1:
             raise ValueError(f"stream() produces one completion; got n={params.n}, use generate() for n > 1")
         if self.engine.has_unfinished_requests():
@@ -118,6 +118,9 @@ class LLM:
 def normalize_prompts(prompts) -> list[Prompt]:
     if isinstance(prompts, str):
         return [prompts]
+    if isinstance(prompts, (bytes, dict)) or not hasattr(prompts, "__iter__"):
+        raise ValueError(f"prompts must be a string, a list of token ids, or a list of those; "
+                         f"got {type(prompts).__name__}")
     prompts = list(prompts)
     if prompts and all(isinstance(t, int) for t in prompts):
         return [prompts]  # one prompt given as token ids
@@ -132,7 +135,10 @@ def normalize_params(params, num_prompts: int) -> list[SamplingParams]:
         return [SamplingParams()] * num_prompts
     if isinstance(params, SamplingParams):
         return [params] * num_prompts
-    params = list(params)
+    params = list(params) if hasattr(params, "__iter__") and not isinstance(params, (str, bytes, dict)) else [params]
+    if not all(isinstance(p, SamplingParams) for p in params):
+        raise ValueError(f"sampling_params must be a SamplingParams or a list of them (one per prompt), "
+                         f"got {params!r}; build one with SamplingParams(temperature=..., max_tokens=...)")
     if len(params) != num_prompts:
         raise ValueError(f"got {len(params)} SamplingParams for {num_prompts} prompts; give one, or one per prompt")
     return params

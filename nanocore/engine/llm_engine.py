@@ -29,6 +29,9 @@ def resolve_device(name: str) -> torch.device:
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {name!r} asked for but CUDA is not available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
+                         f"device(s), cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
     return device
 
 
@@ -113,6 +116,11 @@ class LLMEngine:
                     request_id: str | None = None, stream: bool = False) -> Request:
         """Queue a prompt (text or token ids); raises ValueError if it can never run."""
         params = sampling_params or SamplingParams()
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"sampling_params must be a SamplingParams, got {type(params).__name__}")
+        if params.stop_strings and self.tokenizer is None:  # they would be silently ignored
+            raise ValueError(f"stop strings {params.stop_strings} need a tokenizer to match text, and this model has "
+                             f"none; use stop_token_ids, or give the model a tokenizer (tokenizer=FOLDER)")
         text = prompt if isinstance(prompt, str) else None
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:
