@@ -172,3 +172,24 @@ def test_check_options_refuses_a_bool_where_a_number_is_expected():
     with pytest.raises(ValueError, match="must be int, got True"):
         check_options("prefill_first", {"chunk_size": True}, {"chunk_size": int})
     assert check_options("x", {"flag": True, "n": 3}, {"flag": bool, "n": int}) == {"flag": True, "n": 3}
+
+
+@pytest.mark.parametrize("kind, name", [("linear_method", "unquantized"), ("kv_codec", "unquantized"),
+                                        ("moe_executor", "eager"), ("prefix_cache", "none")])
+def test_builtin_backends_refuse_unknown_options(kind, name):
+    """The oracles take no options; a typo such as kv_codec_options={"chunk": 1} was silently ignored."""
+    cls = get_registry().get(kind, name).cls
+    args = (16, 8) if kind == "prefix_cache" else ()
+    assert cls(*args, {}).options == {}
+    with pytest.raises(ValueError, match=rf"backend '{name}' got unknown option\(s\) \['bogus'\]; allowed options: none"):
+        cls(*args, {"bogus": 1})
+
+
+def test_unknown_kv_codec_options_are_an_error_in_the_engine():
+    sys.path.insert(0, str(Path(__file__).parent))
+    from engine_fakes import fake_loaded_model
+    from nanocore.engine.llm import LLM
+
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['bogus'\]"):
+        LLM("fake", loaded_model=fake_loaded_model(), device="cpu", num_kv_blocks=16, kv_codec="unquantized",
+            kv_codec_options={"bogus": 1})

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanocore.interfaces import MoEExecutor, check_moe_shapes
+from nanocore.interfaces import MoEExecutor, check_moe_shapes, check_options
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
@@ -13,6 +13,9 @@ class EagerMoEExecutor(MoEExecutor):
     auto_priority = 0
     supports_cuda_graph = False  # torch.unique / nonzero synchronise with the host
     activations = tuple(ACTIVATIONS)
+
+    def __init__(self, options=None):
+        super().__init__(check_options(self.name or "eager", dict(options or {}), {}))
 
     def apply(self, x, topk_weights, topk_ids, w13, w2, activation="silu"):
         check_moe_shapes(x, topk_weights, topk_ids, w13, w2, activation, self.activations)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.interfaces import KVCache, KVCodec, KVLayout
+from nanocore.interfaces import KVCache, KVCodec, KVLayout, check_options
 from nanocore.kernels import attention_dispatch
 
 
@@ -14,6 +14,9 @@ def flat_slots(cache_tensor: torch.Tensor) -> torch.Tensor:
 
 class UnquantizedKVCodec(KVCodec):
     auto_priority = 0
+
+    def __init__(self, options=None):
+        super().__init__(check_options(self.name or "unquantized", dict(options or {}), {}))
 
     def layout(self, dtype: torch.dtype) -> KVLayout:
         return KVLayout(k_dtype=dtype, v_dtype=dtype)
