@@ -96,6 +96,7 @@ def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int 
 #: Arrival counters per (device, weight): two split-K GEMMs that overlap on different streams (a shared
 #: expert on its side stream) must not share counters; one weight's calls run in stream order.
 _LOCKS: dict[tuple[torch.device, int], torch.Tensor] = {}
+_RETIRED_LOCKS: list[torch.Tensor] = []
 
 
 def splitk_workspace(split_k: int, m: int, n: int, grid_n: int, device: torch.device, weight: torch.Tensor):
@@ -107,7 +108,11 @@ def splitk_workspace(split_k: int, m: int, n: int, grid_n: int, device: torch.de
     if locks is None or locks.numel() < grid_n:  # counters reset themselves, so one buffer serves every call
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("split-K counters must be allocated before CUDA-graph capture; run once eagerly")
-        locks = _LOCKS[key] = torch.zeros(max(grid_n, 64), dtype=torch.int32, device=device)
+        if locks is not None:
+            _RETIRED_LOCKS.append(locks)  # a captured graph may still point at it: never free it
+        # room for the narrowest column blocks (8) at once: a graph captured with one config never sees a
+        # buffer replaced by another config's larger one
+        locks = _LOCKS[key] = torch.zeros(max(grid_n, -(-n // 8), 64), dtype=torch.int32, device=device)
     return torch.empty((split_k, m, n), dtype=torch.float32, device=device), locks
 
 
