@@ -147,3 +147,46 @@ def test_dummy_qwen3_0_6b_builds_fast_and_runs():
     assert logits.shape == (4, 151936) and torch.isfinite(logits).all()
     emb = loaded.model.model.embed_tokens.weight
     assert 0.015 < emb[:1000].std().item() < 0.025  # seeded N(0, 0.02)
+
+
+# ---- damaged metadata: a CheckpointError naming the file, not a traceback from transformers / json -----------
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not a valid JSON"), ("", "not a valid JSON"),
+    ('{"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": "64"}', "hidden_size"),
+])
+def test_unreadable_config_json_is_a_checkpoint_error(tmp_path, text, message):
+    path = make_checkpoint(tmp_path, "qwen2")
+    (path / "config.json").write_text(text)
+    with pytest.raises(CheckpointError, match=rf"cannot read .*config\.json: .*{message}.*fix the file"):
+        _load(path)
+
+
+def test_non_positive_max_position_embeddings_is_an_error(tmp_path):
+    path = make_checkpoint(tmp_path, "qwen2", max_position_embeddings=0)
+    with pytest.raises(ValueError, match="max_position_embeddings 0; it must be a positive integer"):
+        _load(path)  # was accepted: max_model_len 0, every request then refused
+
+
+def test_broken_generation_config_is_named(tmp_path):
+    path = make_checkpoint(tmp_path, "llama")
+    (path / "generation_config.json").write_text("{bad")
+    with pytest.raises(CheckpointError, match="generation_config.json is not valid JSON"):
+        _load(path)
+
+
+def test_index_whose_weight_map_is_not_a_mapping(tmp_path):
+    path = make_checkpoint(tmp_path, "llama")
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
+    with pytest.raises(CheckpointError, match="not a valid safetensors index.*weight_map"):
+        _load(path)  # was an AttributeError
+
+
+def test_missing_tokenizer_folder_is_named(single):
+    with pytest.raises(FileNotFoundError, match="tokenizer folder /nonexistent/tok does not exist"):
+        _load(single, tokenizer="/nonexistent/tok")  # was an OSError about Hugging Face repo ids
+
+
+def test_quantized_method_on_an_unquantized_checkpoint_says_quantize_first(single):
+    with pytest.raises(ValueError, match="linear_method 'awq' loads 'awq' checkpoints but .* is not quantized.*"
+                                         "nanocore quantize --method awq"):
+        _load(single, linear_method="awq")  # was "input size ... not a multiple of group_size 128"

@@ -69,3 +69,15 @@ def test_a_leftover_from_a_killed_run_is_pointed_out(source, tmp_path, capsys):
     leftover.mkdir()
     assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "dst")]) == 0
     assert f"{leftover} is left from an interrupted run" in capsys.readouterr().err
+
+
+def test_damaged_source_is_a_message_not_a_traceback(source, tmp_path, capsys):
+    data = (source / "model.safetensors").read_bytes()
+    (source / "model.safetensors").write_bytes(data[: len(data) // 2])
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "a")]) == 1
+    err = capsys.readouterr().err  # was a SafetensorError traceback
+    assert "model.safetensors" in err and "truncated or corrupt" in err
+    (source / "config.json").write_text("{oops")
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "b")]) == 1
+    assert "config.json is not valid JSON" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()

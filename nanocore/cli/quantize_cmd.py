@@ -45,7 +45,10 @@ def run(args) -> int:
     src, dst = source_folder(args.model), Path(args.out)
     if dst.exists():
         raise ValueError(f"{dst} already exists; choose another --out or remove it first")
-    config = json.loads((src / "config.json").read_text())
+    try:
+        config = json.loads((src / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{src / 'config.json'} is not valid JSON ({exc}); fix it or download the checkpoint again") from None
     if config.get("quantization_config"):
         raise ValueError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
                          f"quantize the unquantized checkpoint")
@@ -90,12 +93,11 @@ def source_folder(model: str) -> Path:
 
 def layer_groups(src: Path) -> dict[str, list[str]]:
     """Tensor names grouped by decoder layer (the unit one ``quantize`` call sees); '' holds the rest."""
-    from nanocore.loader.safetensors_io import checkpoint_files
-    from safetensors import safe_open
+    from nanocore.loader.safetensors_io import checkpoint_files, open_safetensors
 
     groups: dict[str, list[str]] = {}
     for file in checkpoint_files(src):
-        with safe_open(str(file), "pt") as f:
+        with open_safetensors(file) as f:  # a truncated file: a CheckpointError naming it, not a traceback
             for name in f.keys():
                 match = _LAYER.match(name)
                 groups.setdefault(match.group(1) if match else "", []).append((file, name))

@@ -16,8 +16,8 @@ from nanocore.loader.default_model import default_model_path
 from nanocore.loader.dummy import init_dummy_weights
 from nanocore.loader.presets import list_presets, preset_config
 from nanocore.loader.safetensors_io import checkpoint_files, iterate_weights
-from nanocore.models import ModelBuildContext, build_model, check_all_loaded
-from nanocore.models.registry import model_class
+from nanocore.models import CheckpointError, ModelBuildContext, build_model, check_all_loaded
+from nanocore.models.registry import model_class, supported_architectures
 from nanocore.plugins import AUTO, BackendEntry, get_registry
 from nanocore.quant_utils import ignore_patterns, is_ignored
 
@@ -45,6 +45,11 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
     hf_config, model_path = resolve_model_source(config.model)
     dtype = resolve_dtype(config.dtype, hf_config, device)
     entry, options = resolve_linear_method(config.linear_method, config.linear_method_options, hf_config, device)
+    if model_path is not None and entry.cls.quant_method is not None and quantization_config(hf_config) is None:
+        raise ValueError(  # dummy weights are drawn in any format; a real checkpoint must be in the method's
+            f"linear_method {entry.name!r} loads {entry.cls.quant_method!r} checkpoints but {model_path} is not "
+            f"quantized (its config.json has no quantization_config); make one with 'nanocore quantize --method "
+            f"{entry.name} --model {model_path} --out DIR', or use linear_method='auto' for this checkpoint")
     entry.cls(dict(options))  # surface option errors once, before building hundreds of layers
     moe_executor = resolve_moe_executor(config, hf_config, device)
     build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,
@@ -82,7 +87,12 @@ def resolve_model_source(model: str) -> tuple[Any, Path | None]:
             f"'default', or 'dummy:PRESET' with PRESET in {list_presets()} (nanocore never downloads)")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path} has no config.json; point model= at the folder of a Hugging Face checkpoint")
-    return AutoConfig.from_pretrained(path), path
+    try:
+        return AutoConfig.from_pretrained(path), path
+    except Exception as exc:  # not JSON, no model_type, a field of the wrong type (transformers: many types)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(f"cannot read {path / 'config.json'}: {first}; fix the file or download the checkpoint "
+                              f"again (nanocore supports {supported_architectures()})") from exc
 
 
 def checkpoint_dtype(hf_config) -> torch.dtype | None:
@@ -185,6 +195,9 @@ def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
     limit = getattr(hf_config, "max_position_embeddings", None)
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"config.json has max_position_embeddings {limit!r}; it must be a positive integer "
+                         f"(fix config.json)")
     if requested is None:
         if limit is None:
             raise ValueError("config.json has no max_position_embeddings; set max_model_len explicitly")
@@ -199,7 +212,15 @@ def eos_token_ids(hf_config, model_path: Path | None) -> list[int]:
     """End-of-sequence ids from generation_config.json, then config.json, without duplicates."""
     sources = []
     if model_path is not None and (model_path / "generation_config.json").is_file():
-        sources.append(json.loads((model_path / "generation_config.json").read_text()).get("eos_token_id"))
+        path = model_path / "generation_config.json"
+        try:
+            generation_config = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON ({exc}); fix it, or delete it to use config.json's "
+                                  f"eos_token_id") from None
+        if not isinstance(generation_config, dict):
+            raise CheckpointError(f"{path} must hold a JSON object, got {type(generation_config).__name__}")
+        sources.append(generation_config.get("eos_token_id"))
     sources.append(getattr(hf_config, "eos_token_id", None))
     ids: list[int] = []
     for value in sources:
@@ -213,6 +234,9 @@ def load_tokenizer(path: Path | None, explicit: bool = False):
     """The tokenizer in ``path``, or None when there is none (dummy weights, weight-only folders)."""
     if path is None:
         return None
+    if explicit and not path.is_dir():
+        raise FileNotFoundError(f"tokenizer folder {path} does not exist; pass the folder that holds tokenizer.json "
+                                f"(or tokenizer_config.json), or leave tokenizer unset to use the model's")
     has_files = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     if not has_files and not explicit:
         return None

@@ -23,6 +23,8 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                raise TypeError(f"'weight_map' must map tensor names to file names, got {weight_map!r:.80}")
         except (json.JSONDecodeError, KeyError, TypeError) as exc:
             raise CheckpointError(f"{index} is not a valid safetensors index ({exc}); re-download the checkpoint") from None
         files = sorted(set(weight_map.values()))
@@ -43,17 +45,21 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 def iterate_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield every tensor of every file, opening each lazily; corrupt files raise a CheckpointError."""
     for path in files:
-        try:
-            handle = safe_open(str(path), framework="pt", device="cpu")
-        except Exception as exc:  # safetensors raises its own error type for every kind of damage
-            raise CheckpointError(_damaged(path, exc)) from None
-        with handle:
+        with open_safetensors(path) as handle:
             for name in handle.keys():
                 try:
                     tensor = handle.get_tensor(name)
                 except Exception as exc:
                     raise CheckpointError(_damaged(path, exc, name)) from None
                 yield name, tensor
+
+
+def open_safetensors(path: Path):
+    """``safe_open`` on CPU; a truncated or corrupt file raises a CheckpointError that says so."""
+    try:
+        return safe_open(str(path), framework="pt", device="cpu")
+    except Exception as exc:  # safetensors raises its own error type for every kind of damage
+        raise CheckpointError(_damaged(path, exc)) from None
 
 
 def _damaged(path: Path, exc: Exception, tensor: str | None = None) -> str:
