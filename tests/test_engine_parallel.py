@@ -1,6 +1,7 @@
 """Tensor / expert parallelism through LLMEngine on CPU (gloo, spawned workers) against TP=1 / EP=1."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -126,3 +127,18 @@ def test_bad_parallel_configs_fail_before_starting_workers(qwen2):
         LLM(str(qwen2), expert_parallel_size=2, **SMALL)
     with pytest.raises(ValueError, match="must divide one another"):
         LLM(str(qwen2), tensor_parallel_size=2, expert_parallel_size=3, **SMALL)
+    heads = json.loads((qwen2 / "config.json").read_text())["num_attention_heads"]
+    with pytest.raises(ValueError, match=f"cannot be split.*num_attention_heads {heads} is not divisible by 3"):
+        LLM(str(qwen2), tensor_parallel_size=3, **SMALL)  # before: workers started, then the layers refused
+
+
+def test_sharding_problems_name_every_size_a_layout_must_divide():
+    from types import SimpleNamespace
+
+    from nanocore.engine.worker_group import sharding_problems
+
+    moe = SimpleNamespace(num_attention_heads=16, num_key_value_heads=4, num_experts=60, moe_intermediate_size=1408)
+    assert sharding_problems(moe, 2, 1) == [] and sharding_problems(moe, 8, 1) == []  # 8 ranks replicate 4 KV heads
+    assert sharding_problems(moe, 4, 4) == []
+    assert sharding_problems(moe, 2, 8) == ["num_experts 60 is not divisible by expert_parallel_size 8"]
+    assert sharding_problems(moe, 6, 1)[0] == "num_attention_heads 16 is not divisible by 6"

@@ -44,6 +44,28 @@ def check_parallel_config(config: EngineConfig) -> None:
     if config.expert_parallel_size > 1 and not is_moe:
         raise ValueError(f"expert_parallel_size={config.expert_parallel_size} needs a mixture-of-experts model but "
                          f"{config.model!r} is dense; use tensor_parallel_size instead")
+    problems = sharding_problems(hf_config, config.tensor_parallel_size, config.expert_parallel_size)
+    if problems:
+        raise ValueError(f"{config.model!r} cannot be split with tensor_parallel_size={config.tensor_parallel_size} "
+                         f"and expert_parallel_size={config.expert_parallel_size}: {'; '.join(problems)}")
+
+
+def sharding_problems(hf_config, tp: int, ep: int) -> list[str]:
+    """The model sizes a TP / EP layout must divide (the layers check them again when they are built)."""
+    heads = getattr(hf_config, "num_attention_heads", None)
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
+    problems = []
+    if heads and heads % tp:
+        problems.append(f"num_attention_heads {heads} is not divisible by {tp}")
+    if kv_heads and kv_heads % tp and tp % kv_heads:  # fewer KV heads than ranks: each is replicated
+        problems.append(f"num_key_value_heads {kv_heads} and {tp} do not divide one another")
+    if experts and experts % ep:
+        problems.append(f"num_experts {experts} is not divisible by expert_parallel_size {ep}")
+    moe_size = getattr(hf_config, "moe_intermediate_size", None)
+    if experts and ep == 1 and moe_size and moe_size % tp:  # without EP, TP splits each expert
+        problems.append(f"moe_intermediate_size {moe_size} is not divisible by {tp}")
+    return problems
 
 
 class WorkerGroup:
