@@ -51,3 +51,17 @@ def test_a_run_past_its_limit_is_killed_with_its_children(tmp_path):
     assert time.monotonic() - start < 20
     assert wait_until_gone(int(pid_file.read_text()), timeout_s=5), "the spawned grandchild survived"
     assert run_process_group([sys.executable, "-c", "pass"], timeout_s=30) == 0
+
+
+def test_tp_smoke_runs_every_stage_on_gloo():
+    """The first script to run on a new multi-GPU machine, here on two CPU ranks: every stage, then a clean close."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "NANOCORE_TRACE_WORKERS": "1"}
+    result = subprocess.run([sys.executable, "-m", "nanocore.bench.tp_smoke", "--gpus", "2", "--device", "cpu"],
+                            capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    for stage in ("engine built", "prompt_logits", "generate: [16, 16, 16] tokens", "closed",
+                  "[nanocore rank 1", "left the process group"):
+        assert stage in result.stderr, stage
