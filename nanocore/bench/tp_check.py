@@ -13,9 +13,9 @@ and reports max |diff|, top-1 agreement, greedy agreement and the KV block count
 (the minimum). With ``--backends`` the same comparison runs with plugins chosen by name (fp8_w8a16 on a
 quantized copy of the dense checkpoint, k_int8_v_fp8 KV, radix prefix cache, decode_first scheduler; the MoE
 executor is ``auto``'s, triton_fused_moe on CUDA): both sides use the backends, and every rank reports the
-backends its forward runs, so a worker that loaded a different backend fails the row. Part 2 (``--bench``) runs ``nanocore bench throughput``
-and ``bench latency`` at TP=1 and TP=N (MoE: EP=1, TP=N, EP=N, TP=N+EP=N), each in a fresh process, and
-prints the scaling.
+backends its forward runs, so a worker that loaded a different backend fails the row. Part 2 (``--bench``)
+runs ``nanocore bench throughput`` and ``bench latency`` at TP=1 and TP=N (MoE: EP=1, TP=N, EP=N,
+TP=N+EP=N), each in a fresh process, and prints the scaling.
 """
 from __future__ import annotations
 
