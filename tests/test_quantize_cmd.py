@@ -81,3 +81,36 @@ def test_damaged_source_is_a_message_not_a_traceback(source, tmp_path, capsys):
     assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "b")]) == 1
     assert "config.json is not valid JSON" in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+def test_a_device_that_cannot_run_the_search_is_a_clear_error(source, tmp_path, capsys):
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "a"),
+                 "--device", "cuda"]) == 1
+    assert "CUDA is not available" in capsys.readouterr().err
+    assert main(["quantize", "--method", "fp8_w8a16", "--model", str(source), "--out", str(tmp_path / "b"),
+                 "--device", "mps"]) == 1
+    assert "runs on cpu or cuda" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+
+
+def test_each_layer_gets_its_own_calibration_inputs(source, tmp_path):
+    """Calibration travels one layer group at a time (to the search's device); the strict per-linear check of
+    the fp8 GPTQ path still sees every input it needs."""
+    from nanocore.plugins import get_registry
+
+    shapes = {"self_attn.q_proj": 64, "self_attn.k_proj": 64, "self_attn.v_proj": 64, "self_attn.o_proj": 64,
+              "mlp.gate_proj": 64, "mlp.up_proj": 64, "mlp.down_proj": 128}
+    calibration = {f"model.layers.{n}.{m}": torch.randn(16, k) for n in range(2) for m, k in shapes.items()}
+    calibration["lm_head"] = torch.randn(16, 64)
+    mine = quantize_cmd._calibration_of("model.layers.1", calibration, torch.device("cpu"))
+    assert sorted(mine) == sorted(f"model.layers.1.{m}" for m in shapes)
+    assert sorted(quantize_cmd._calibration_of("", calibration, torch.device("cpu"))) == ["lm_head"]
+    assert quantize_cmd._calibration_of("model.layers.0", None, torch.device("cpu")) is None
+    method = get_registry().get("linear_method", "fp8_w8a16").cls
+    out = tmp_path / "out"
+    out.mkdir()
+    config = quantize_cmd.write_quantized(source, out, method, calibration, [], {}, torch.device("cpu"))
+    assert config["quant_method"] == "fp8"
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("model.layers.1.mlp.down_proj.weight").dtype == torch.float8_e4m3fn

@@ -36,13 +36,26 @@ def register(subparsers) -> None:
                    help="fp8 methods: per-channel scale by error search (default; with --calib-text activation-weighted "
                         "and GPTQ rounding) or plain absmax / 448")
     p.add_argument("--ignore", action="append", default=[], help="layer name / glob / 're:' regex to keep unquantized")
+    p.add_argument("--device", default="cpu",
+                   help="where calibration and the per-layer search run: cpu (default) or cuda[:N] (the fp8 scale "
+                        "search takes hours for a 7B model on CPU); the checkpoint is streamed one layer at a time")
     p.set_defaults(func=run)
+
+
+def quantize_device(name: str) -> torch.device:
+    from nanocore.engine.llm_engine import resolve_device
+
+    device = resolve_device(name)  # a clear error for cuda without a GPU or beyond the machine's GPUs
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: nanocore quantize runs on cpu or cuda[:N]")
+    return device
 
 
 def run(args) -> int:
     from nanocore.plugins import get_registry
 
     src, dst = source_folder(args.model), Path(args.out)
+    device = quantize_device(getattr(args, "device", "cpu"))
     if dst.exists():
         raise ValueError(f"{dst} already exists; choose another --out or remove it first")
     try:
@@ -57,7 +70,7 @@ def run(args) -> int:
         raise ValueError(f"--fp8-scale is an option of the fp8 methods; {args.method} does not take it")
     calibration = None
     if args.calib_text:
-        calibration = collect_calibration(src, Path(args.calib_text), args.calib_samples, args.calib_seqlen)
+        calibration = collect_calibration(src, Path(args.calib_text), args.calib_samples, args.calib_seqlen, device)
     dst.parent.mkdir(parents=True, exist_ok=True)
     for leftover in dst.parent.glob(f".{dst.name}.partial-*"):  # a killed run cannot clean up after itself
         print(f"note: {leftover} is left from an interrupted run; delete it to free its space", file=sys.stderr)
@@ -66,7 +79,7 @@ def run(args) -> int:
         extra = {} if args.group_size is None else {"group_size": args.group_size}
         if getattr(args, "fp8_scale", None) is not None:
             extra["fp8_scale"] = args.fp8_scale
-        quant_config = write_quantized(src, tmp, method, calibration, args.ignore, extra)
+        quant_config = write_quantized(src, tmp, method, calibration, args.ignore, extra, device)
         config["quantization_config"] = quant_config
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         for asset in src.iterdir():  # tokenizer, generation config, chat template ...
@@ -104,7 +117,8 @@ def layer_groups(src: Path) -> dict[str, list[str]]:
     return groups
 
 
-def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str], extra: dict) -> dict:
+def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str], extra: dict,
+                    device: torch.device = torch.device("cpu")) -> dict:
     from safetensors import safe_open
 
     groups, shards, pending, pending_bytes, ignored, config = layer_groups(src), [], {}, 0, set(), {}
@@ -115,10 +129,10 @@ def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str]
                 tensors[name] = f.get_tensor(name)
         keep = {n: t for n, t in tensors.items() if n.endswith(".weight") and is_ignored(n[:-7], ignore)}
         ignored.update(n[:-7] for n in keep if n[:-7] in quantizable_linears(keep))
-        todo = {n: t for n, t in tensors.items() if n not in keep}
-        quantized, config = method.quantize(todo, calibration, **extra)
+        todo = {n: t.to(device) for n, t in tensors.items() if n not in keep}  # one layer on the device at a time
+        quantized, config = method.quantize(todo, _calibration_of(group, calibration, device), **extra)
         for name, tensor in {**quantized, **keep}.items():
-            pending[name] = tensor.contiguous()
+            pending[name] = tensor.contiguous().cpu()
             pending_bytes += tensor.numel() * tensor.element_size()
         if pending_bytes > _SHARD_BYTES:
             shards.append(pending)
@@ -129,6 +143,16 @@ def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str]
     if key is not None:
         config[key] = sorted(set(config[key]) | ignored | ({"lm_head"} if key == "ignore" else set()))
     return config
+
+
+def _calibration_of(group: str, calibration: dict | None, device: torch.device) -> dict | None:
+    """The calibration inputs of one layer group's linears (group '': those outside the decoder layers), on
+    ``device`` (the search runs there; the whole model's inputs stay on the CPU)."""
+    if calibration is None:
+        return None
+    mine = {name: x for name, x in calibration.items()
+            if (name.startswith(group + ".") if group else not _LAYER.match(name + "."))}
+    return {name: x.to(device) for name, x in mine.items()}
 
 
 def save_shards(out: Path, shards: list[dict[str, torch.Tensor]]) -> None:
@@ -148,8 +172,10 @@ def _layer_order(group: str) -> tuple[int, str]:
     return (int(match.group(1)) if match else -1, group)
 
 
-def collect_calibration(src: Path, text_file: Path, samples: int, seqlen: int, max_rows: int = 2048):
-    """Inputs of every nn.Linear of the float model (Hugging Face transformers) on the calibration text."""
+def collect_calibration(src: Path, text_file: Path, samples: int, seqlen: int,
+                        device: torch.device = torch.device("cpu"), max_rows: int = 2048):
+    """Inputs of every nn.Linear of the float model (Hugging Face transformers) on the calibration text, run on
+    ``device``; kept on the CPU (each layer's are moved to its weight's device when it is quantized)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not text_file.is_file():
@@ -159,14 +185,14 @@ def collect_calibration(src: Path, text_file: Path, samples: int, seqlen: int, m
         raise ValueError(f"{text_file} has {ids.numel()} tokens, fewer than --calib-seqlen {seqlen}")
     starts = torch.randint(0, ids.numel() - seqlen, (samples,), generator=torch.Generator().manual_seed(0))
     batch = torch.stack([ids[s:s + seqlen] for s in starts.tolist()])
-    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype=torch.float32).eval().to(device)
     inputs: dict[str, list[torch.Tensor]] = {}
     hooks = [module.register_forward_pre_hook(lambda m, a, name=name: inputs.setdefault(name, []).append(
-        a[0].detach().reshape(-1, a[0].shape[-1]))) for name, module in model.named_modules()
+        a[0].detach().reshape(-1, a[0].shape[-1]).cpu())) for name, module in model.named_modules()
         if isinstance(module, torch.nn.Linear)]
     with torch.no_grad():
         for row in tqdm(batch, desc="calibration", unit="seq"):
-            model(row[None])
+            model(row[None].to(device))
     for hook in hooks:
         hook.remove()
     rows = torch.Generator().manual_seed(1)
