@@ -120,7 +120,12 @@ leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap 
   TAIL=20 step 120 python3 -m pytest -q -m cuda --tb=short -rf plugins_quant/fp8_w8a16/tests/test_kernels.py \
     tests/test_moe_shared_overlap.py
   TAIL=14 step 60 $N bench linear --device cuda --methods unquantized,int8_w8a8 --ms 256,1024,4096 \
-    --json "$out/bench_linear_int8_tiles.json" ;;
+    --json "$out/bench_linear_int8_tiles.json"
+  python3 -c "from pathlib import Path; from nanocore.bench.tp_check import make_checkpoints as m; m(Path('/tmp/qc'), False)" \
+    >/dev/null 2>&1
+  for m in fp8_w8a16 int8_w8a8 awq; do  # nanocore quantize --device cuda (no calibration text: no tokenizer here)
+    step 60 $N quantize --method $m --model /tmp/qc/dense --out /tmp/qc/$m --device cuda
+  done ;;
 attention)  # the attention kernels' own cuda tests (about 100 compiles)
   TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py -x ;;
 *) echo "unknown section $s" ;;
