@@ -139,3 +139,18 @@ def test_sampling_params_defaults_and_normalisation():
     p = SamplingParams(stop=("a", "b"), stop_token_ids=(np.int64(3),), seed=2**64 - 1, temperature=np.float32(0.5))
     assert p.stop_strings == ["a", "b"] and p.stop_token_ids == [3]
     assert SamplingParams(temperature=0).greedy
+
+
+def test_numpy_and_torch_scalars_and_any_iterable_of_ids_are_accepted_as_plain_python_values():
+    """What the validation must keep accepting (and normalise: torch.manual_seed refuses a numpy int)."""
+    p = SamplingParams(seed=np.uint64(5), n=np.int64(2), max_tokens=np.int32(4), temperature=torch.tensor(0.5),
+                       top_p=np.float32(0.5), stop_token_ids={7, 8}, stop={"x"})
+    assert (p.seed, p.n, p.max_tokens) == (5, 2, 4) and type(p.seed) is int and type(p.n) is int
+    assert type(p.temperature) is float and p.temperature == 0.5 and type(p.top_p) is float
+    assert sorted(p.stop_token_ids) == [7, 8] and p._stop == ["x"]
+    assert SamplingParams(stop_token_ids=range(3)).stop_token_ids == [0, 1, 2]
+    assert SamplingParams(stop_token_ids=np.array([4, 5])).stop_token_ids == [4, 5]
+    torch.Generator().manual_seed(p.seed)
+    for bad in (dict(stop_token_ids=5), dict(stop_token_ids="12"), dict(temperature=torch.tensor([0.5, 1.0]))):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 #: torch.Generator.manual_seed takes seeds in [0, 2**64).
@@ -40,16 +41,31 @@ class SamplingParams:
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
+        if self.stop is not None and (isinstance(self.stop, (bytes, dict)) or not isinstance(self.stop, (str, Iterable))):
             raise ValueError(f"stop must be a string or a list of strings, got {type(self.stop).__name__} {self.stop!r}")
         self._stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         ids = self.stop_token_ids
-        if ids is not None and not (isinstance(ids, (list, tuple)) and all(_is_int(t) for t in ids)):
-            raise ValueError(f"stop_token_ids must be a list of integer token ids, got {ids!r}")
+        if hasattr(ids, "tolist"):  # a numpy array or a tensor of ids
+            ids = ids.tolist()
+        if ids is not None:
+            bad = f"stop_token_ids must be a list of integer token ids, got {self.stop_token_ids!r}"
+            if isinstance(ids, (str, bytes, dict)) or not isinstance(ids, Iterable):
+                raise ValueError(bad)
+            ids = list(ids)
+            if not all(_is_int(t) for t in ids):
+                raise ValueError(bad)
         self.stop_token_ids = [int(t) for t in (ids or [])]
+        for name in ("temperature", "top_p", "min_p"):  # 0-d numpy / torch scalars become Python floats
+            value = getattr(self, name)
+            if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+                setattr(self, name, value.item())
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        for name in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"):  # numpy ints -> int
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, int(value))
 
     def _validate(self) -> None:
         checks = [
