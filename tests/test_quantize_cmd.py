@@ -114,3 +114,14 @@ def test_each_layer_gets_its_own_calibration_inputs(source, tmp_path):
     assert config["quant_method"] == "fp8"
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.get_tensor("model.layers.1.mlp.down_proj.weight").dtype == torch.float8_e4m3fn
+
+
+def test_calibration_named_differently_from_the_checkpoint_is_an_error(source, tmp_path):
+    from nanocore.plugins import get_registry
+
+    calibration = {"model.language_model.layers.0.mlp.up_proj": torch.randn(16, 64)}  # another naming scheme
+    method = get_registry().get("linear_method", "fp8_w8a16").cls
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match="none for the linears of 'model.layers.0'.*module names must match"):
+        quantize_cmd.write_quantized(source, out, method, calibration, [], {}, torch.device("cpu"))

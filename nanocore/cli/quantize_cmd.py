@@ -130,7 +130,12 @@ def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str]
         keep = {n: t for n, t in tensors.items() if n.endswith(".weight") and is_ignored(n[:-7], ignore)}
         ignored.update(n[:-7] for n in keep if n[:-7] in quantizable_linears(keep))
         todo = {n: t.to(device) for n, t in tensors.items() if n not in keep}  # one layer on the device at a time
-        quantized, config = method.quantize(todo, _calibration_of(group, calibration, device), **extra)
+        layer_calibration = _calibration_of(group, calibration, device)
+        if calibration and not layer_calibration and quantizable_linears(todo):  # never a silent uncalibrated layer
+            raise ValueError(f"calibration activations were given but none for the linears of {group or 'the model'!r} "
+                             f"(have e.g. {sorted(calibration)[:3]}); the calibration model's module names must "
+                             f"match the checkpoint's tensor names")
+        quantized, config = method.quantize(todo, layer_calibration, **extra)
         for name, tensor in {**quantized, **keep}.items():
             pending[name] = tensor.contiguous().cpu()
             pending_bytes += tensor.numel() * tensor.element_size()
