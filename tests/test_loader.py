@@ -181,9 +181,23 @@ def test_index_whose_weight_map_is_not_a_mapping(tmp_path):
         _load(path)  # was an AttributeError
 
 
-def test_missing_tokenizer_folder_is_named(single):
+def test_missing_tokenizer_folder_is_named(single, tmp_path):
     with pytest.raises(FileNotFoundError, match="tokenizer folder /nonexistent/tok does not exist"):
         _load(single, tokenizer="/nonexistent/tok")  # was an OSError about Hugging Face repo ids
+    (tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(FileNotFoundError, match="tokenizer.json is a file, not a folder"):
+        _load(single, tokenizer=str(tmp_path / "tokenizer.json"))
+
+
+def test_config_error_keeps_the_reason_on_later_lines(tmp_path):
+    """transformers puts the cause of a validation error on its second line."""
+    path = make_checkpoint(tmp_path, "qwen2")
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "max_position_embeddings": None}))
+    with pytest.raises(ValueError, match="max_position_embeddings") as caught:  # CheckpointError is one too
+        _load(path)
+    if isinstance(caught.value, CheckpointError):  # transformers refused it: its reason must survive
+        assert "expected int" in str(caught.value) or "NoneType" in str(caught.value), str(caught.value)
 
 
 def test_quantized_method_on_an_unquantized_checkpoint_says_quantize_first(single):

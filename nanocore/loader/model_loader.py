@@ -90,9 +90,10 @@ def resolve_model_source(model: str) -> tuple[Any, Path | None]:
     try:
         return AutoConfig.from_pretrained(path), path
     except Exception as exc:  # not JSON, no model_type, a field of the wrong type (transformers: many types)
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(f"cannot read {path / 'config.json'}: {first}; fix the file or download the checkpoint "
-                              f"again (nanocore supports {supported_architectures()})") from exc
+        reason = " ".join(str(exc).split())[:500] or type(exc).__name__  # every line: the cause is often the 2nd
+        hint = (f"nanocore supports {supported_architectures()}" if "model_type" in reason or "architecture" in reason
+                else "fix the file or download the checkpoint again")
+        raise CheckpointError(f"cannot read {path / 'config.json'}: {reason}; {hint}") from exc
 
 
 def checkpoint_dtype(hf_config) -> torch.dtype | None:
@@ -235,7 +236,8 @@ def load_tokenizer(path: Path | None, explicit: bool = False):
     if path is None:
         return None
     if explicit and not path.is_dir():
-        raise FileNotFoundError(f"tokenizer folder {path} does not exist; pass the folder that holds tokenizer.json "
+        what = "is a file, not a folder" if path.exists() else "does not exist"
+        raise FileNotFoundError(f"tokenizer folder {path} {what}; pass the folder that holds tokenizer.json "
                                 f"(or tokenizer_config.json), or leave tokenizer unset to use the model's")
     has_files = any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"))
     if not has_files and not explicit:
