@@ -193,3 +193,12 @@ def test_unknown_kv_codec_options_are_an_error_in_the_engine():
     with pytest.raises(ValueError, match=r"unknown option\(s\) \['bogus'\]"):
         LLM("fake", loaded_model=fake_loaded_model(), device="cpu", num_kv_blocks=16, kv_codec="unquantized",
             kv_codec_options={"bogus": 1})
+
+
+def test_choice_option_names_the_allowed_values():
+    from nanocore.interfaces import choice_option
+
+    assert choice_option("x", {}, "kernel", ("auto", "triton", "torch")) == "auto"
+    assert choice_option("x", {"kernel": "torch"}, "kernel", ("auto", "triton", "torch")) == "torch"
+    with pytest.raises(ValueError, match="x: option kernel must be 'auto', 'triton' or 'torch', got 'cuda'"):
+        choice_option("x", {"kernel": "cuda"}, "kernel", ("auto", "triton", "torch"))

@@ -45,6 +45,15 @@ def check_options(backend: str, options: dict[str, Any], allowed: dict[str, type
     return options
 
 
+def choice_option(backend: str, options: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
+    """``options[key]`` (default: the first choice) if it is one of ``choices``, else a ValueError naming them."""
+    value = options.get(key, choices[0])
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices[:-1]) + f" or {choices[-1]!r}"
+        raise ValueError(f"{backend}: option {key} must be {listed}, got {value!r}")
+    return value
+
+
 def cuda_capability_reason(device: torch.device, minimum: tuple[int, int], what: str) -> str | None:
     """Shared ``supports`` helper: None if ``device`` is a CUDA GPU of at least ``minimum`` capability."""
     if device.type != "cuda":

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options
+from nanocore.interfaces import LinearMethod, check_options, choice_option
 from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.quant_utils import (AWQ_PACK_FACTOR, CheckpointFormatError, add_param, awq_pack, check_all_loaded,
@@ -34,9 +34,7 @@ class AWQLinearMethod(LinearMethod):
         super().__init__(options)
         check_options(self.name, self.options, _OPTIONS)
         self.group_size = int(config_option(self.options, "group_size", 128))
-        self.kernel = self.options.get("kernel", "auto")
-        if self.kernel not in ("auto", "triton", "torch"):
-            raise ValueError(f"awq: option kernel must be 'auto', 'triton' or 'torch', got {self.kernel!r}")
+        self.kernel = choice_option("awq", self.options, "kernel", ("auto", "triton", "torch"))
         config = self.options.get("quantization_config") or {}
         bits, zero_point = config.get("bits", config.get("w_bit", 4)), config.get("zero_point", True)
         version = str(config.get("version", "gemm")).lower()

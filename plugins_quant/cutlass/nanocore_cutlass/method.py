@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options
+from nanocore.interfaces import LinearMethod, check_options, choice_option
 from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.quant_utils import FP8_DTYPE, FP8_MAX, fp8_activation_scheme, quantize_checkpoint_linears, quantize_fp8_per_row
 from nanocore.quant_weights import ChannelScaledWeights
@@ -35,9 +35,7 @@ class CutlassFp8LinearMethod(LinearMethod):
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         check_options(self.name, self.options, _OPTIONS)
-        self.kernel = self.options.get("kernel", "auto")
-        if self.kernel not in ("auto", "cutlass", "torch"):
-            raise ValueError(f"{self.name}: option kernel must be 'auto', 'cutlass' or 'torch', got {self.kernel!r}")
+        self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "cutlass", "torch"))
         self.activation_scheme = fp8_activation_scheme(self.name, self.options)
         self._extension = None
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options
+from nanocore.interfaces import LinearMethod, check_options, choice_option
 from nanocore.kernels.quant_gemm import gemm_input_rows
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, fp8_activation_scheme, quantize_checkpoint_linears,
@@ -29,9 +29,7 @@ class _Fp8Base(LinearMethod):
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         check_options(self.name, self.options, _OPTIONS)
-        self.kernel = self.options.get("kernel", "auto")
-        if self.kernel not in ("auto", "triton", "torch"):
-            raise ValueError(f"{self.name}: option kernel must be 'auto', 'triton' or 'torch', got {self.kernel!r}")
+        self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "triton", "torch"))
         self.activation_scheme = fp8_activation_scheme(self.name, self.options)
 
     @classmethod

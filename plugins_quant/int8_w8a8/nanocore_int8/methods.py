@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options
+from nanocore.interfaces import LinearMethod, check_options, choice_option
 from nanocore.interfaces.base import cuda_capability_reason, triton_reason
 from nanocore.kernels.quant_gemm import (DECODE_MAX_M, gemm_input_rows, int8_scaled_linear, weight_only_linear,
                                          weight_only_linear_torch)
@@ -48,9 +48,7 @@ class _Int8Base(LinearMethod):
         if scheme not in ("dynamic", "static", "none"):
             raise ValueError(f"{self.name}: activation_scheme must be 'dynamic', 'static' or 'none', got {scheme!r}")
         self.activation_scheme = scheme
-        self.kernel = self.options.get("kernel", "auto")
-        if self.kernel not in ("auto", "triton", "torch"):
-            raise ValueError(f"{self.name}: option kernel must be 'auto', 'triton' or 'torch', got {self.kernel!r}")
+        self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "triton", "torch"))
 
     @classmethod
     def supports(cls, device: torch.device) -> str | None:
