@@ -21,6 +21,7 @@ import torch.multiprocessing as mp
 
 from nanocore.config import EngineConfig
 from nanocore.distributed import abandon_process_group, destroy_distributed
+from nanocore.engine import workers as worker_process
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.model_runner import ModelRunner
 from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
@@ -132,7 +133,8 @@ class WorkerGroup:
         if self._state["broken"]:
             raise WorkerError(self._state["broken"])
         self.raise_if_failed()
-        trace(0, f"call {method}")
+        if worker_process.TRACING:  # every step: no message built when off
+            trace(0, f"call {method}")
         data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             for conn in self.conns:

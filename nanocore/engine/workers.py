@@ -60,9 +60,13 @@ def rank_device(device: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", index)
 
 
+#: read once per process (spawned workers read it at their start): the per-step calls test only this flag
+TRACING = os.environ.get(TRACE_ENV) == "1"
+
+
 def trace(rank: int, what: str) -> None:
     """One line on stderr per stage / call when NANOCORE_TRACE_WORKERS=1 (for a hang on a multi-GPU machine)."""
-    if os.environ.get(TRACE_ENV) == "1":
+    if TRACING:
         print(f"[nanocore rank {rank} {time.monotonic():.3f}] {what}", file=sys.stderr, flush=True)
 
 
@@ -215,7 +219,8 @@ class Worker:
                 method, args = pickle.loads(self.conn.recv_bytes())
             except EOFError:
                 return  # rank 0 is gone; the daemon flag and the group's timeout end us anyway
-            trace(self.rank, f"call {method}")
+            if TRACING:  # every step: no message built when off
+                trace(self.rank, f"call {method}")
             if method == "exit":
                 destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
                 return
