@@ -30,7 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+from nanocore.engine.workers import NVLS_OFF  # the engine's own: one definition
+
 PROMPTS = [[(17 * i + 5) % 997 for i in range(n)] for n in (7, 64, 200)]
 #: fp32 on GPU differs only by reduction order; bf16 by rounding of partial sums
 TOLERANCE = {"float32": 2e-3, "bfloat16": 0.25, "float16": 0.1}
