@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from nanocore.kernels.quant_gemm import weight_only_linear_torch
-from nanocore.quant_utils import quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.quant_utils import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
 
 #: CPU-only machines run the Triton kernels in the interpreter (switched on by the root conftest.py)
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -57,3 +57,19 @@ def test_split_k_counters_belong_to_one_weight():
     assert quant_gemm.splitk_workspace(1, 1, 64, 4, device, w1) == (None, None)
     for w in (w1, w2):
         quant_gemm._LOCKS.pop((device, w.data_ptr()))
+
+
+@pytest.mark.parametrize("kernel", ["weight_only", "awq"])
+def test_split_k_refuses_rows_beyond_decode_sizes(kernel):
+    # its single row tile would outgrow shared memory (M=100 asked for 256 KiB on the H200): say so, do not launch
+    from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig, weight_only_linear
+    cfg = GemmConfig("splitk", 16, 32, 64)
+    x = torch.randn(DECODE_MAX_M + 1, 128)
+    with pytest.raises(ValueError, match="split-K decode kernel serves M <= 16"):
+        if kernel == "awq":
+            nanocore_awq = pytest.importorskip("nanocore_awq.kernels")
+            packed = awq_pack(torch.randn(32, 128), 128)
+            nanocore_awq.awq_linear_triton(x, **packed, config=cfg)
+        else:
+            q, s = quantize_fp8_per_row(torch.randn(32, 128))
+            weight_only_linear(x, q, s, None, cfg)

@@ -85,6 +85,13 @@ def int8_int8_config(m: int, n: int, k: int) -> GemmConfig:
     return default_config(m, n, k)
 
 
+def check_splitk_rows(m: int) -> None:
+    """The split-K kernels hold all M rows in one tile: beyond decode sizes that tile outgrows shared memory."""
+    if m > DECODE_MAX_M:
+        raise ValueError(f"the split-K decode kernel serves M <= {DECODE_MAX_M} rows, got M={m}: "
+                         "use a 'tiled' config (or none: the default picks by M)")
+
+
 def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int = 0) -> int:
     """K slices: enough programs for ~4 per SM, each slice at least two K tiles long."""
     if requested:
@@ -156,6 +163,7 @@ def int8_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Te
 
 def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
     (m, k), n = x2.shape, w.shape[0]
+    check_splitk_rows(m)
     if m > cfg.block_m and cfg.block_m < 16:
         raise ValueError(f"splitk config block_m={cfg.block_m} is too small for M={m}")
     block_m = max(triton.next_power_of_2(m), 16) if cfg.block_m >= 16 else cfg.block_m

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig, gemm_input_rows, split_k_for, splitk_workspace
+from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig, check_splitk_rows, gemm_input_rows, split_k_for, splitk_workspace
 from nanocore.quant_utils import awq_dequantize
 
 try:
@@ -60,6 +60,7 @@ def awq_linear_triton(x, qweight, qzeros, scales, bias=None, config: GemmConfig 
     common = dict(HAS_BIAS=bias is not None, GROUP_SIZE=group_size, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if cfg.kind == "splitk":
+        check_splitk_rows(m)
         if m > 1 and cfg.block_m < 16:
             raise ValueError(f"awq: splitk block_m={cfg.block_m} serves M=1 only (use block_m=16), M={m}")
         grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, block_k)

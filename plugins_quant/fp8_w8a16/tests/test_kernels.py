@@ -37,14 +37,14 @@ def _interpreter_configs():
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 def test_kernel_variants_match_twin_in_triton_interpreter(m, n, k, quantize):
     from nanocore.kernels import quant_gemm
-    from nanocore.kernels.quant_gemm import weight_only_linear, weight_only_linear_torch
+    from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
     torch.manual_seed(m * 1000 + n)
     q, scale = quantize(torch.randn(n, k) * 0.3)
     x, bias = torch.randn(m, k), torch.randn(n)
     expected = weight_only_linear_torch(x, q, scale, bias)
     for cfg in _interpreter_configs():
-        if cfg.block_m < m and cfg.kind == "splitk" and cfg.block_m < 16:
-            continue
+        if cfg.kind == "splitk" and (cfg.block_m < min(m, 16) or m > DECODE_MAX_M):
+            continue  # block_m=1 serves M=1 only; split-K serves decode sizes (M <= 16)
         for _ in range(2):  # the second call checks that the split-K counters were reset
             got = weight_only_linear(x, q, scale, bias, cfg)
         assert float((got - expected).abs().max() / expected.abs().max()) <= 2e-5, cfg
@@ -80,7 +80,8 @@ def test_every_tuned_variant_on_cuda(quantize, native):
     q, scale = quantize(torch.randn(384, 1024, device="cuda"))
     bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
     m1, larger = _tune_configs()
-    for m, configs in [(1, m1), (5, larger), (16, larger), (100, larger)]:
+    tiled = [c for c in larger if c.kind == "tiled"]  # split-K is the decode kernel (M <= 16)
+    for m, configs in [(1, m1), (5, larger), (16, larger), (100, tiled)]:
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
         expected = weight_only_linear_torch(x.float(), q, scale, bias.float())
         for cfg in configs:
