@@ -41,19 +41,26 @@ AWQ_M1 = [S("splitk", 1, bn, bk, sk, w) for bn, bk, sk, w in [
     (32, 128, 0, 2)]]
 AWQ_M16 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
     (64, 128, 0, 4), (128, 128, 0, 4), (32, 128, 0, 4), (64, 64, 0, 4), (128, 128, 0, 8)]]
+#: M = 1 on the tensor-core path (BLOCK_M 16, padding rows masked) with more K slices than the default's ~4 programs
+#: per SM: the decode GEMV is latency-bound, so more loads in flight may pay
+SPLITK_TC_M1 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
+    (32, 256, 4, 4), (32, 128, 8, 4), (64, 128, 4, 4), (16, 256, 4, 4), (64, 256, 2, 8), (128, 128, 2, 8)]]
+AWQ_GEMV = [S("gemv", 1, bn, bk, sk, w) for bn, bk, sk, w in [
+    (128, 128, 0, 4), (64, 128, 0, 2), (64, 128, 0, 4), (128, 128, 4, 4), (32, 128, 0, 2), (128, 64, 0, 4)]]
 MS = [1, 16, 256, 1024, 4096]
+KERNELS = ["fp8", "awq", "int8_w8a16", "int8_w8a8", "fp8_bits"]
 DEVICE = "cuda"  # the CPU smoke test (TRITON_INTERPRET=1) swaps in "cpu" and tiny shapes
 
 
 def variants(kernel: str, m: int) -> list[GemmConfig]:
     """The configs swept for one kernel at one M (the default config is always timed as well)."""
     if kernel == "awq":
-        return AWQ_M1 if m == 1 else (AWQ_M16 + TILED_M16 if m == 16 else TILED)
+        return AWQ_M1 + AWQ_GEMV + AWQ_M16 if m == 1 else (AWQ_M16 + TILED_M16 if m == 16 else TILED)
     if kernel == "int8_w8a8":
         return TILED
     if kernel == "fp8_bits":  # the integer-widening fp8 path: only its default, to compare with native
         return []
-    return SPLITK_M1 if m == 1 else (SPLITK_M16 + TILED_M16 if m == 16 else TILED)
+    return SPLITK_M1 + SPLITK_M16 + SPLITK_TC_M1 if m == 1 else (SPLITK_M16 + TILED_M16 if m == 16 else TILED)
 
 
 def make_weights(n: int, k: int) -> dict:
@@ -96,7 +103,7 @@ def measure(kernel: str, cfg: GemmConfig | None, m: int, weights: dict, inputs: 
     return rows
 
 
-def run(budget_s: float, ms: list[int] = MS) -> list[dict]:
+def run(budget_s: float, ms: list[int] = MS, kernels: list[str] = KERNELS) -> list[dict]:
     """Decode first (what the speed gates need), then prefill; variants past the budget are skipped."""
     start = time.time()
     weights = {shape: make_weights(n, k) for shape, (n, k) in SHAPES.items()}
@@ -108,7 +115,7 @@ def run(budget_s: float, ms: list[int] = MS) -> list[dict]:
             x, w = inputs[(shape, m)], weights[shape]["bf16"]
             rows.append({"shape": shape, "m": m, "kernel": "bf16", "config": "F.linear",
                          "ms": graph_time_ms(lambda: F.linear(x, w))})
-        for kernel in ["fp8", "awq", "int8_w8a16", "int8_w8a8", "fp8_bits"]:
+        for kernel in kernels:
             if kernel == "int8_w8a8" and m <= 16:
                 continue  # decode batches run int8_w8a8 weight-only (the int8_w8a16 rows)
             for cfg in [None] + variants(kernel, m):
@@ -146,10 +153,14 @@ def main() -> int:
     parser.add_argument("outdir")
     parser.add_argument("--budget-s", type=float, default=140.0, help="stop starting variants after this")
     parser.add_argument("--ms", default=",".join(map(str, MS)), help="comma-separated M to sweep (default all)")
+    parser.add_argument("--kernels", default=",".join(KERNELS), help=f"comma-separated subset of {KERNELS}")
     args = parser.parse_args()
+    kernels = args.kernels.split(",")
+    if set(kernels) - set(KERNELS):
+        parser.error(f"unknown kernels {sorted(set(kernels) - set(KERNELS))}: choose from {KERNELS}")
     out = Path(args.outdir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = run(args.budget_s, [int(m) for m in args.ms.split(",")])
+    rows = run(args.budget_s, [int(m) for m in args.ms.split(",")], kernels)
     summary = summarise(rows)
     bad = [r for r in rows if r.get("rel_err_vs_twin", 0) > 1e-2 or "error" in r]
     result = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "summary": summary,

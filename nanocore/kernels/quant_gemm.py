@@ -36,7 +36,7 @@ W_INT8, W_FP8, W_FP8_BITS = 0, 1, 2
 @dataclass(frozen=True)
 class GemmConfig:
     """Launch parameters of one kernel variant."""
-    kind: str = "splitk"  # "splitk" (decode GEMV) or "tiled" (GEMM)
+    kind: str = "splitk"  # "splitk" (decode GEMV), "tiled" (GEMM); the awq plugin adds "gemv" (M = 1)
     block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
     block_n: int = 32
     block_k: int = 256
@@ -141,8 +141,10 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
         s = s * 256.0  # the bit trick widens e4m3 to value / 256
     if cfg.kind == "splitk":
         _launch_splitk(x2, w, s, bias, y, w_kind, cfg)
-    else:
+    elif cfg.kind == "tiled":
         launch_tiled(x2, w, s, None, bias, y, w_kind, cfg)
+    else:
+        raise ValueError(f"weight-only GEMM configs are 'splitk' or 'tiled', not {cfg.kind!r}")
     return y.reshape(*lead, n)
 
 
