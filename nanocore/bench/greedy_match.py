@@ -9,6 +9,11 @@ large gap is a bug. Usage (issue 4's SmolLM2 check):
     python -m nanocore.bench.greedy_match --device cpu --dtype float32 --write-reference docs/data/greedy_smollm2_cpu.json
     python -m nanocore.bench.greedy_match --device cuda --dtype float32 --reference docs/data/greedy_smollm2_cpu.json \
         --json OUT.json        # exit status 1 only for a flip that is not a near-tie
+    python -m nanocore.bench.greedy_match --reference CPU_BF16.json --run-file GPU_BF16.json   # two stored runs
+
+A near-tie depends on the dtype: float32 logits flip below 0.05 nats; bf16 logits are rounded to 1/8 at the
+magnitudes of SmolLM2's top logits (16..32), and SmolLM2 in bf16 on the CPU already flips against its own float32
+run at gaps up to 0.20 (docs/data/greedy_smollm2_cpu_bfloat16.json), so half-precision comparisons use 0.25.
 """
 from __future__ import annotations
 
@@ -35,6 +40,15 @@ def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eag
         gaps = [None if gap == float("inf") else gap for gap in gaps]  # one candidate only; JSON has no inf
         rows.append({"prompt": prompt, "token_ids": list(completion.token_ids), "top2_gaps": gaps})
     return rows
+
+
+#: Near-tie gap (nats) for runs in half precision: two bf16 roundings of logits in 16..32 (see the docstring).
+HALF_PRECISION_NEAR_TIE = 0.25
+
+
+def near_tie_for(*dtypes: str) -> float:
+    """The near-tie gap for comparing runs in these dtypes: the coarsest one decides."""
+    return max(NEAR_TIE if dtype == "float32" else HALF_PRECISION_NEAR_TIE for dtype in dtypes)
 
 
 def compare(reference: list[dict], got: list[dict], near_tie: float = NEAR_TIE) -> dict:
@@ -66,33 +80,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--near-tie", type=float, default=NEAR_TIE)
+    p.add_argument("--near-tie", type=float, help="gap in nats below which a flip is rounding "
+                   f"(default: {NEAR_TIE} for float32 runs, {HALF_PRECISION_NEAR_TIE} when either run is half precision)")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--write-reference", metavar="PATH", help="write this run as the reference")
     group.add_argument("--reference", metavar="PATH", help="compare this run with a reference file")
+    p.add_argument("--run-file", metavar="PATH", help="with --reference: compare this stored run (a --json or "
+                   "--write-reference file) instead of running the model")
     p.add_argument("--json", metavar="PATH", help="with --reference: write the comparison")
     args = p.parse_args(argv)
-    rows = run_greedy(args.model, args.device, args.dtype, args.max_tokens, args.enforce_eager)
-    run = {"model": args.model, "device": args.device, "dtype": args.dtype, "max_tokens": args.max_tokens,
-           "rows": rows, "environment": environment(args.device)}
+    if args.run_file and not args.reference:
+        p.error("--run-file needs --reference")
+    if args.run_file:
+        with open(args.run_file) as f:
+            run = {k: v for k, v in json.load(f).items() if k in ("model", "device", "dtype", "max_tokens", "rows",
+                                                                     "environment")}
+    else:
+        rows = run_greedy(args.model, args.device, args.dtype, args.max_tokens, args.enforce_eager)
+        run = {"model": args.model, "device": args.device, "dtype": args.dtype, "max_tokens": args.max_tokens,
+               "rows": rows, "environment": environment(args.device)}
     if args.write_reference:
         write_json(args.write_reference, run)
         return 0
     with open(args.reference) as f:
         reference = json.load(f)
-    if len(reference["rows"]) != len(rows) or reference["max_tokens"] != args.max_tokens:
+    if len(reference["rows"]) != len(run["rows"]) or reference["max_tokens"] != run["max_tokens"]:
         raise SystemExit(f"{args.reference} holds {len(reference['rows'])} prompts x {reference['max_tokens']} tokens; "
-                         f"this run has {len(rows)} x {args.max_tokens}: write a new reference")
-    result = compare(reference["rows"], rows, args.near_tie)
+                         f"this run has {len(run['rows'])} x {run['max_tokens']}: write a new reference")
+    near_tie = args.near_tie if args.near_tie is not None else near_tie_for(reference["dtype"], run["dtype"])
+    result = compare(reference["rows"], run["rows"], near_tie)
     for row in result["prompts"]:
         where = "identical" if row["first_difference"] is None else \
             f"first difference at token {row['first_difference']} (reference gap {row['reference_gap']:.4f})"
         print(f"{row['prompt'][:40]!r:44} {where}")
     print(result["verdict"])
     write_json(args.json, {**run, "reference": args.reference, "reference_environment": reference.get("environment"),
-                           **result})
+                           "near_tie": near_tie, **result})
     return 0 if result["ok"] else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())
