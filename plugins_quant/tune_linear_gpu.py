@@ -45,8 +45,6 @@ AWQ_M16 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
 #: per SM: the decode GEMV is latency-bound, so more loads in flight may pay
 SPLITK_TC_M1 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
     (32, 256, 4, 4), (32, 128, 8, 4), (64, 128, 4, 4), (16, 256, 4, 4), (64, 256, 2, 8), (128, 128, 2, 8)]]
-AWQ_GEMV = [S("gemv", 1, bn, bk, sk, w) for bn, bk, sk, w in [
-    (128, 128, 0, 4), (64, 128, 0, 2), (64, 128, 0, 4), (128, 128, 4, 4), (32, 128, 0, 2), (128, 64, 0, 4)]]
 MS = [1, 16, 256, 1024, 4096]
 KERNELS = ["fp8", "awq", "int8_w8a16", "int8_w8a8", "fp8_bits"]
 DEVICE = "cuda"  # the CPU smoke test (TRITON_INTERPRET=1) swaps in "cpu" and tiny shapes
@@ -55,7 +53,7 @@ DEVICE = "cuda"  # the CPU smoke test (TRITON_INTERPRET=1) swaps in "cpu" and ti
 def variants(kernel: str, m: int) -> list[GemmConfig]:
     """The configs swept for one kernel at one M (the default config is always timed as well)."""
     if kernel == "awq":
-        return AWQ_M1 + AWQ_GEMV + AWQ_M16 if m == 1 else (AWQ_M16 + TILED_M16 if m == 16 else TILED)
+        return AWQ_M1 + AWQ_M16 if m == 1 else (AWQ_M16 + TILED_M16 if m == 16 else TILED)
     if kernel == "int8_w8a8":
         return TILED
     if kernel == "fp8_bits":  # the integer-widening fp8 path: only its default, to compare with native

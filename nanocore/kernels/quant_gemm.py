@@ -36,7 +36,7 @@ W_INT8, W_FP8, W_FP8_BITS = 0, 1, 2
 @dataclass(frozen=True)
 class GemmConfig:
     """Launch parameters of one kernel variant."""
-    kind: str = "splitk"  # "splitk" (decode GEMV), "tiled" (GEMM); the awq plugin adds "gemv" (M = 1)
+    kind: str = "splitk"  # "splitk" (decode GEMV) or "tiled" (GEMM)
     block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
     block_n: int = 32
     block_k: int = 256

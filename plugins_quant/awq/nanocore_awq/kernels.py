@@ -59,9 +59,7 @@ def awq_linear_triton(x, qweight, qzeros, scales, bias=None, config: GemmConfig 
     args = (qweight.stride(0), qzeros.stride(0), scales.stride(0), y.stride(0))
     common = dict(HAS_BIAS=bias is not None, GROUP_SIZE=group_size, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
                   num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-    if cfg.kind == "gemv":
-        _launch_gemv(x2, qweight, qzeros, scales, b, y, bias is not None, group_size, block_k, cfg)
-    elif cfg.kind == "splitk":
+    if cfg.kind == "splitk":
         check_splitk_rows(m)
         if m > 1 and cfg.block_m < 16:
             raise ValueError(f"awq: splitk block_m={cfg.block_m} serves M=1 only (use block_m=16), M={m}")
@@ -79,25 +77,8 @@ def awq_linear_triton(x, qweight, qzeros, scales, bias=None, config: GemmConfig 
         _awq_gemm_kernel[grid](x2, qweight, qzeros, scales, b, y, m, n, k, x2.stride(0), *args, **common,
                                BLOCK_M=cfg.block_m, GROUP_M=cfg.group_m)
     else:
-        raise ValueError(f"awq configs are 'gemv' (M=1), 'splitk' or 'tiled', not {cfg.kind!r}")
+        raise ValueError(f"awq configs are 'splitk' or 'tiled', not {cfg.kind!r}")
     return y.reshape(*lead, n)
-
-
-def _launch_gemv(x2, qweight, qzeros, scales, b, y, has_bias, group_size, block_k, cfg: GemmConfig) -> None:
-    """M = 1: the split-K GEMV with the next K tile's words prefetched during this tile's arithmetic."""
-    (m, k), n = x2.shape, scales.shape[1]
-    if m != 1:
-        raise ValueError(f"awq: the gemv kernel serves M=1 only, got M={m}: use a 'splitk' or 'tiled' config")
-    grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, block_k)
-    split_k = split_k_for(grid_n, k_tiles, x2.device, cfg.split_k)
-    k_per_split = triton.cdiv(k_tiles, split_k) * block_k
-    split_k = triton.cdiv(k, k_per_split)
-    partials, locks = splitk_workspace(split_k, m, n, grid_n, x2.device, qweight)
-    _awq_gemv_kernel[(grid_n, split_k)](
-        x2, qweight, qzeros, scales, b, y, partials if partials is not None else scales,
-        locks if locks is not None else scales, n, k, k_per_split, qweight.stride(0), qzeros.stride(0),
-        scales.stride(0), HAS_BIAS=has_bias, GROUP_SIZE=group_size, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        SPLIT_K=split_k, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 if triton is not None:
@@ -123,42 +104,11 @@ if triton is not None:
         return z, s
 
     @triton.jit
-    def _packed_tile(qw_ptr, ks, k_end, offs_c, N, stride_qk):
-        """Packed ``[BK, BN/8]`` int32 words of rows ``ks`` (masked past ``k_end`` / ``N``)."""
-        mask = (ks[:, None] < k_end) & (offs_c[None, :] < N // 8)
-        return tl.load(qw_ptr + ks[:, None] * stride_qk + offs_c[None, :], mask=mask, other=0)
-
-    @triton.jit
-    def _unpack(packed):
-        """Packed ``[BK, BN/8]`` int32 -> ``2^23 + q`` as float32 ``[BK, BN/8, 8]``; each word is read once."""
-        return _magic_float((packed[:, :, None] >> _nibble_shifts()[None, None, :]) & 0xF)
-
-    @triton.jit
     def _int4_tile(qw_ptr, ks, k_end, offs_c, N, stride_qk):
-        return _unpack(_packed_tile(qw_ptr, ks, k_end, offs_c, N, stride_qk))
-
-    @triton.jit
-    def _awq_gemv_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, N, K, k_per_split,
-                         stride_qk, stride_zk, stride_sk, HAS_BIAS: tl.constexpr, GROUP_SIZE: tl.constexpr,
-                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-        # program (n block, K slice), M = 1: the splitk kernel's arithmetic with the next tile's words loaded
-        # before this tile's unpacking, so a load is in flight during the arithmetic (the loop is latency-bound)
-        offs_c = tl.program_id(0) * (BLOCK_N // 8) + tl.arange(0, BLOCK_N // 8)
-        offs_k = tl.arange(0, BLOCK_K)
-        k_start = tl.program_id(1) * k_per_split
-        k_end = tl.minimum(K, k_start + k_per_split)
-        acc = tl.zeros((BLOCK_N // 8, 8), dtype=tl.float32)
-        packed = _packed_tile(qw_ptr, k_start + offs_k, k_end, offs_c, N, stride_qk)
-        for k0 in range(k_start, k_end, BLOCK_K):  # a K tile lies inside one group
-            ks = k0 + offs_k
-            following = _packed_tile(qw_ptr, ks + BLOCK_K, k_end, offs_c, N, stride_qk)
-            x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
-            z, s = _group_params(qz_ptr, s_ptr, k0 // GROUP_SIZE, offs_c, N, stride_zk, stride_sk)
-            acc += tl.sum(x[:, None, None] * (_unpack(packed) - z[None, :, :]), axis=0) * s
-            packed = following
-        out = tl.reshape(acc, (1, BLOCK_N))
-        offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-        splitk_finish(out, y_ptr, b_ptr, part_ptr, lock_ptr, tl.arange(0, 1), offs_n, 1, N, 0, HAS_BIAS, SPLIT_K)
+        """Packed ``[BK, BN/8]`` int32 -> ``2^23 + q`` as float32 ``[BK, BN/8, 8]``; each word is read once."""
+        mask = (ks[:, None] < k_end) & (offs_c[None, :] < N // 8)
+        packed = tl.load(qw_ptr + ks[:, None] * stride_qk + offs_c[None, :], mask=mask, other=0)
+        return _magic_float((packed[:, :, None] >> _nibble_shifts()[None, None, :]) & 0xF)
 
     @triton.jit
     def _awq_splitk_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,

@@ -20,8 +20,8 @@ def test_triton_kernels_match_torch_twin_in_interpreter(m, n, k, group, dtype, w
     from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig
     from nanocore_awq.kernels import awq_linear_triton
     # None = the default config for the shape; then split-K (FMA and tl.dot) and tiled variants
-    configs = [None, GemmConfig("gemv", 1, 16, 32, 2), GemmConfig("gemv", 1, 32, 16, 0),
-               GemmConfig("splitk", 1, 16, 32, 2), GemmConfig("splitk", 16, 16, 32, 3), GemmConfig("tiled", 16, 32, 32)]
+    configs = [None, GemmConfig("splitk", 1, 16, 32, 2), GemmConfig("splitk", 16, 16, 32, 3),
+               GemmConfig("tiled", 16, 32, 32)]
     torch.manual_seed(m * 1000 + n)
     packed = awq_pack(torch.randn(n, k), group)
     x = torch.randn(m, k).to(dtype)
@@ -30,7 +30,7 @@ def test_triton_kernels_match_torch_twin_in_interpreter(m, n, k, group, dtype, w
                                 None if bias is None else bias.float())
     tol = 3e-3 if dtype == torch.float16 else 1e-5
     for cfg in configs:
-        if cfg is not None and ((cfg.block_m == 1 or cfg.kind == "gemv") and m > 1 or dtype == torch.float16
+        if cfg is not None and (cfg.block_m == 1 and m > 1 or dtype == torch.float16
                                 or cfg.kind == "splitk" and m > DECODE_MAX_M):
             continue  # block_m=1 serves M=1 only, split-K M <= 16; variants run in float32 only (interpreter time)
         for _ in range(2):  # the second call checks that the split-K counters were reset

@@ -83,6 +83,24 @@ class Fp8W8A16LinearMethod(_Fp8Base):
         return cls._quantize(weights, calibration, "dynamic", fp8_scale)
 
 
+#: CUDA ``torch._scaled_mm`` needs K and N divisible by 16: real models' layers are; other shapes are zero-padded.
+SCALED_MM_ALIGN = 16
+
+
+def _aligned_for_scaled_mm(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+    """The layer's fp8 weight zero-padded to multiples of 16 (and its scales, padded with 1), made once per layer."""
+    cached = getattr(layer, "_scaled_mm_aligned", None)
+    if cached is None or cached[0].device != layer.weight.device:
+        n, k = layer.weight.shape
+        weight = torch.zeros(n + -n % SCALED_MM_ALIGN, k + -k % SCALED_MM_ALIGN, dtype=layer.weight.dtype,
+                             device=layer.weight.device)
+        weight[:n, :k] = layer.weight
+        scale = torch.ones(weight.shape[0], dtype=torch.float32, device=layer.weight.device)
+        scale[:n] = layer.weight_scale.reshape(-1).float()
+        cached = layer._scaled_mm_aligned = (weight, scale)
+    return cached
+
+
 class Fp8W8A8LinearMethod(_Fp8Base):
     """fp8 weights and fp8 activations (per-token dynamic, or static per-tensor) on ``torch._scaled_mm``."""
 
@@ -98,13 +116,17 @@ class Fp8W8A8LinearMethod(_Fp8Base):
         return None if device.type == "cpu" else f"{cls.name} runs on CPU or NVIDIA GPUs, not {device.type}"
 
     def apply(self, layer, x, bias=None):
-        x2, lead = gemm_input_rows(x, layer.weight.shape[1], f"{self.name}'s layer")
+        n, k = layer.weight.shape
+        x2, lead = gemm_input_rows(x, k, f"{self.name}'s layer")
         xq, x_scale = quantize_fp8_activations(x2, layer.input_scale if self.activation_scheme == "static" else None)
         x_scale = x_scale.contiguous()  # _scaled_mm's row-wise scales: a real [M, 1] tensor
         out_dtype = torch.bfloat16 if x.is_cuda else x.dtype  # CUDA row-wise scaling emits bf16 only
-        y = torch._scaled_mm(xq, layer.weight.t(), scale_a=x_scale, scale_b=layer.weight_scale.view(1, -1),
-                             out_dtype=out_dtype)
-        y = y.to(x.dtype)
+        weight, weight_scale = layer.weight, layer.weight_scale
+        if k % SCALED_MM_ALIGN or n % SCALED_MM_ALIGN:  # (CPU too, so CPU tests run this path)
+            weight, weight_scale = _aligned_for_scaled_mm(layer)
+            xq = torch.nn.functional.pad(xq, (0, weight.shape[1] - k))  # zero columns meet zero weight columns
+        y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), out_dtype=out_dtype)
+        y = y[:, :n].to(x.dtype)
         if bias is not None:
             y = y + bias
         return y.reshape(*lead, -1)
