@@ -6,7 +6,8 @@
 #  JSONs record this commit)
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
-#   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), and on a 2-GPU machine tp2smoke tp2 tp2bench
+#   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
+#   per linear method), and on a 2-GPU machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
 source nanocore/bench/gpu_setup.sh || exit 1
@@ -125,6 +126,15 @@ leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap 
     >/dev/null 2>&1
   for m in fp8_w8a16 int8_w8a8 awq; do  # nanocore quantize --device cuda (no calibration text: no tokenizer here)
     step 60 $N quantize --method $m --model /tmp/qc/dense --out /tmp/qc/$m --device cuda
+  done ;;
+verify)  # every plugin's cuda conformance and the engine's cuda tests, attention, 7B decode per method (~500 s)
+  TAIL=25 step 220 python3 -m pytest -q -m cuda -rf --tb=short -p no:cacheprovider tests/test_gpu_engine.py \
+    tests/test_engine_async.py tests/test_kernels_small_ops.py tests/test_kernels_kv_store.py tests/test_moe_shared_overlap.py \
+    plugins/ conformance/tests plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py \
+    plugins_quant/int8_w8a8 plugins_quant/awq/tests/test_conformance.py
+  TAIL=8 step 150 python3 -m pytest -q -m cuda -rf --tb=short -p no:cacheprovider tests/test_kernels_attention.py
+  for m in unquantized fp8_w8a16 awq; do
+    step 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
   done ;;
 attention)  # the attention kernels' own cuda tests (about 100 compiles)
   TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py -x ;;
