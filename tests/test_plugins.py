@@ -185,6 +185,27 @@ def test_builtin_backends_refuse_unknown_options(kind, name):
         cls(*args, {"bogus": 1})
 
 
+@pytest.mark.parametrize("kind, name", [("linear_method", "unquantized"), ("kv_codec", "unquantized"),
+                                        ("moe_executor", "eager"), ("prefix_cache", "none"),
+                                        ("scheduler_policy", "prefill_first")])
+def test_a_third_party_subclass_of_a_builtin_takes_its_own_options(kind, name):
+    """A plugin that extends a built-in passes its own options up; the built-in checks only its own instances."""
+    from nanocore.interfaces import check_options
+    base = get_registry().get(kind, name).cls
+
+    class Extended(base):
+        def __init__(self, *args):
+            super().__init__(*args)
+            self.alpha = check_options("extended", self.options, {"alpha": float, "chunk_size": int})["alpha"]
+
+    args = (16, 8) if kind == "prefix_cache" else ()
+    assert Extended(*args, {"alpha": 0.5}).alpha == 0.5
+    with pytest.raises(ValueError, match=r"backend 'extended' got unknown option\(s\) \['bogus'\]"):
+        Extended(*args, {"alpha": 0.5, "bogus": 1})
+    with pytest.raises(ValueError, match=rf"backend '{name}' got unknown option\(s\) \['alpha'\]"):
+        base(*args, {"alpha": 0.5})
+
+
 def test_unknown_kv_codec_options_are_an_error_in_the_engine():
     sys.path.insert(0, str(Path(__file__).parent))
     from engine_fakes import fake_loaded_model

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanocore.interfaces import MoEExecutor, check_moe_shapes, check_options
+from nanocore.interfaces import MoEExecutor, builtin_options, check_moe_shapes
 
 ACTIVATIONS = {"silu": F.silu, "gelu": F.gelu}
 
@@ -15,7 +15,7 @@ class EagerMoEExecutor(MoEExecutor):
     activations = tuple(ACTIVATIONS)
 
     def __init__(self, options=None):
-        super().__init__(check_options(self.name or "eager", dict(options or {}), {}))
+        super().__init__(builtin_options(self, EagerMoEExecutor, "eager", options, {}))
 
     def apply(self, x, topk_weights, topk_ids, w13, w2, activation="silu"):
         check_moe_shapes(x, topk_weights, topk_ids, w13, w2, activation, self.activations)

@@ -1,14 +1,14 @@
 """``none``: no prefix caching; every block goes straight back to the free list."""
 from __future__ import annotations
 
-from nanocore.interfaces import PrefixCache, check_options
+from nanocore.interfaces import PrefixCache, builtin_options
 
 
 class NoPrefixCache(PrefixCache):
     auto_priority = 0
 
     def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
-        super().__init__(block_size, num_blocks, check_options(self.name or "none", dict(options or {}), {}))
+        super().__init__(block_size, num_blocks, builtin_options(self, NoPrefixCache, "none", options, {}))
 
     def match(self, token_ids):
         return []

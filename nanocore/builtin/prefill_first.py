@@ -10,7 +10,7 @@ from nanocore.interfaces import (
     SchedulerState,
     StepBudget,
     add_prefill_chunks,
-    check_options,
+    builtin_options,
 )
 
 
@@ -18,7 +18,7 @@ class PrefillFirstPolicy(SchedulerPolicy):
     auto_priority = 0
 
     def __init__(self, options=None):
-        super().__init__(check_options("prefill_first", dict(options or {}), {"chunk_size": int}))
+        super().__init__(builtin_options(self, PrefillFirstPolicy, "prefill_first", options, {"chunk_size": int}))
         self.chunk_size = self.options.get("chunk_size", 0)
         if self.chunk_size < 0:
             raise ValueError(f"prefill_first chunk_size must be >= 0 (0 = no cap), got {self.chunk_size}")

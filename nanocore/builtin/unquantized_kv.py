@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.interfaces import KVCache, KVCodec, KVLayout, check_options
+from nanocore.interfaces import KVCache, KVCodec, KVLayout, builtin_options
 from nanocore.kernels import attention_dispatch
 
 
@@ -16,7 +16,7 @@ class UnquantizedKVCodec(KVCodec):
     auto_priority = 0
 
     def __init__(self, options=None):
-        super().__init__(check_options(self.name or "unquantized", dict(options or {}), {}))
+        super().__init__(builtin_options(self, UnquantizedKVCodec, "unquantized", options, {}))
 
     def layout(self, dtype: torch.dtype) -> KVLayout:
         return KVLayout(k_dtype=dtype, v_dtype=dtype)

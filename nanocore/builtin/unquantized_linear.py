@@ -4,14 +4,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanocore.interfaces import LinearMethod, check_options, set_weight_attrs
+from nanocore.interfaces import LinearMethod, builtin_options, set_weight_attrs
 
 
 class UnquantizedLinearMethod(LinearMethod):
     auto_priority = 0
 
     def __init__(self, options=None):
-        super().__init__(check_options(self.name or "unquantized", dict(options or {}), {}))
+        super().__init__(builtin_options(self, UnquantizedLinearMethod, "unquantized", options, {}))
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, weight_loader):

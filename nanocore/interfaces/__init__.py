@@ -1,5 +1,5 @@
 """The five extension points, one small module each."""
-from nanocore.interfaces.base import API_VERSION, Backend, check_options, choice_option
+from nanocore.interfaces.base import API_VERSION, Backend, builtin_options, check_options, choice_option
 from nanocore.interfaces.kv_codec import KVCache, KVCodec, KVLayout
 from nanocore.interfaces.linear_method import LinearMethod, set_weight_attrs
 from nanocore.interfaces.moe_executor import MoEExecutor, check_moe_shapes
@@ -24,7 +24,7 @@ KINDS: dict[str, tuple[type[Backend], str]] = {
 }
 
 __all__ = [
-    "API_VERSION", "Backend", "check_options", "choice_option", "KVCache", "KVCodec", "KVLayout", "LinearMethod",
+    "API_VERSION", "Backend", "builtin_options", "check_options", "choice_option", "KVCache", "KVCodec", "KVLayout", "LinearMethod",
     "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "PrefixCache", "ScheduleDecision",
     "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "add_prefill_chunks", "KINDS",
 ]

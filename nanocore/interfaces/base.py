@@ -45,6 +45,14 @@ def check_options(backend: str, options: dict[str, Any], allowed: dict[str, type
     return options
 
 
+def builtin_options(backend: Any, owner: type, name: str, options: dict[str, Any] | None,
+                    allowed: dict[str, type]) -> dict[str, Any]:
+    """Options of a built-in backend: checked when ``backend`` is ``owner`` itself; a third-party subclass may take
+    options of its own, so it passes them up unchecked and validates them itself."""
+    options = dict(options or {})
+    return check_options(name, options, allowed) if type(backend) is owner else options
+
+
 def choice_option(backend: str, options: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:
     """``options[key]`` (default: the first choice) if it is one of ``choices``, else a ValueError naming them."""
     value = options.get(key, choices[0])
