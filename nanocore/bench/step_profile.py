@@ -226,6 +226,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument("--kv-codec", default="auto", help="KV codec by name (e.g. k_int8_v_fp8)")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--out-dir", metavar="DIR", help="run the async-scheduling GPU suite, JSON files in DIR")
     parser.add_argument("--throughput-num-seqs", type=int, default=256, help="sequences of the suite's bench throughput")
@@ -233,10 +234,11 @@ def main(argv=None) -> int:
     if args.out_dir:
         return run_suite(Path(args.out_dir), args)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-              max_num_seqs=max(args.batch_sizes), enforce_eager=args.enforce_eager)
+              max_num_seqs=max(args.batch_sizes), enforce_eager=args.enforce_eager, kv_codec=args.kv_codec)
     rows = [profile_decode(llm, bs, args.context_len, args.steps) for bs in args.batch_sizes]
     print(format_table(rows))
-    write_json(args.json, {"command": "step_profile", "rows": rows, "environment": environment(args.device)})
+    write_json(args.json, {"command": "step_profile", "kv_codec": args.kv_codec, "rows": rows,
+                           "environment": environment(args.device)})
     return 0
 
 
