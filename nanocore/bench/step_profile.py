@@ -179,8 +179,8 @@ def run_suite(out_dir: Path, args) -> int:
 
     part("load", load)
     part("equality", lambda: check_async_equals_sync(holder["llm"]))
-    part("step_profile", lambda: {"rows": [profile_decode(holder["llm"], bs, args.context_len, args.steps)
-                                           for bs in args.batch_sizes]})
+    part("step_profile", lambda: {"rows": [profile_decode(holder["llm"], bs, ctx, args.steps)
+                                           for ctx in args.context_len for bs in args.batch_sizes]})
     print(format_rows(out_dir / "step_profile.json"))
     (out_dir / "summary.json").write_text(json.dumps({"summary": summary, "environment": environment(args.device)},
                                                      indent=1, default=str))
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 256])
-    parser.add_argument("--context-len", type=int, default=512)
+    parser.add_argument("--context-len", type=int, nargs="+", default=[512], help="prompt length(s) before decoding")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--enforce-eager", action="store_true")
@@ -235,7 +235,7 @@ def main(argv=None) -> int:
         return run_suite(Path(args.out_dir), args)
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               max_num_seqs=max(args.batch_sizes), enforce_eager=args.enforce_eager, kv_codec=args.kv_codec)
-    rows = [profile_decode(llm, bs, args.context_len, args.steps) for bs in args.batch_sizes]
+    rows = [profile_decode(llm, bs, ctx, args.steps) for ctx in args.context_len for bs in args.batch_sizes]
     print(format_table(rows))
     write_json(args.json, {"command": "step_profile", "kv_codec": args.kv_codec, "rows": rows,
                            "environment": environment(args.device)})
