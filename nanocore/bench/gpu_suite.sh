@@ -136,10 +136,10 @@ verify)  # every plugin's cuda conformance and the engine's cuda tests, attentio
   for m in unquantized fp8_w8a16 awq; do
     step 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
   done ;;
-codecgap)  # where k_int8_v_fp8's throughput loss comes from: decode steps at two contexts, and prefill (~250 s)
+codecgap)  # where k_int8_v_fp8's throughput loss comes from: decode steps and kernels at two contexts, prefill (~300 s)
   for c in unquantized k_int8_v_fp8; do
-    TAIL=6 step 80 python3 -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --batch-sizes 256 --context-len 256 1024 \
-      --kv-codec $c --json "$out/step_profile_0.6b_$c.json"
+    TAIL=30 step 100 python3 -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --batch-sizes 256 --context-len 256 1024 \
+      --kv-codec $c --kernel-table 10 --json "$out/step_profile_0.6b_$c.json"
     step 40 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager --kv-codec $c \
       --json "$out/prefill_qwen3_0.6b_$c.json"
   done ;;

@@ -5,6 +5,8 @@
 The phase timers serialise host and GPU (run synchronously): they say which phase to work on. The
 ``wall_*_ms`` columns time plain decode steps without timers, synchronous and with async scheduling
 (the next step's forward queued while the host post-processes), which is what throughput sees.
+``--kernel-table N`` adds, per batch size and context, the N kernels with the most device time over eager
+decode steps (torch.profiler; run with ``--enforce-eager``: graph replays hide their kernels).
 ``--out-dir DIR`` (GPU machine, ~5 min, at most ~10) runs the async-scheduling suite: the engine tests, async == sync
 outputs on the model, this profile, and ``bench throughput`` with async scheduling on and off; JSON per
 part in DIR.
@@ -105,6 +107,43 @@ def profile_decode(llm, batch_size: int, context_len: int, steps: int) -> dict:
         bucket = next(b for b in runner.decode_graphs.buckets if b >= batch_size)
         row["graph_replay_gpu_ms"] = replay_ms(runner.decode_graphs, bucket)
     return row
+
+
+def kernel_table(llm, batch_size: int, context_len: int, steps: int, top: int) -> list[dict]:
+    """The ``top`` kernels by device time per decode step (eager steps under torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from nanocore.engine.sampling_params import SamplingParams
+
+    engine = llm.engine
+    rng = random.Random(1)
+    vocab = engine.loaded.hf_config.vocab_size
+    params = SamplingParams(temperature=0.6, max_tokens=steps + 4, ignore_eos=True)
+    for _ in range(batch_size):
+        engine.add_request([rng.randrange(vocab) for _ in range(context_len)], params)
+    while any(s.num_uncomputed_tokens > 1 for s in [*engine.scheduler.waiting, *engine.scheduler.running]):
+        engine.step()
+    graphs, engine.runner.decode_graphs = engine.runner.decode_graphs, None  # eager: every kernel is visible
+    try:
+        engine.step()  # one decode step outside the trace (first-call work)
+        on_gpu = engine.runner.device.type == "cuda"
+        with profile(activities=[ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]) as prof:
+            for _ in range(steps):
+                engine.step()
+            if on_gpu:
+                torch.cuda.synchronize()
+    finally:
+        engine.runner.decode_graphs = graphs
+    while engine.has_unfinished_requests():
+        engine.step()
+
+    def spent(event) -> float:  # microseconds; torch renamed cuda_time_total to device_time_total
+        if not on_gpu:
+            return event.cpu_time_total
+        return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
+    events = sorted(prof.key_averages(), key=spent, reverse=True)
+    return [{"batch_size": batch_size, "context_len": context_len, "kernel": e.key[:70],
+             "us_per_step": spent(e) / steps, "calls_per_step": e.count / steps} for e in events[:top]]
 
 
 def check_async_equals_sync(llm, num_prompts: int = 48, seed: int = 0) -> dict:
@@ -227,6 +266,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--kv-codec", default="auto", help="KV codec by name (e.g. k_int8_v_fp8)")
+    parser.add_argument("--kernel-table", type=int, default=0, metavar="N", help="also list the N costliest kernels")
     parser.add_argument("--json", metavar="PATH")
     parser.add_argument("--out-dir", metavar="DIR", help="run the async-scheduling GPU suite, JSON files in DIR")
     parser.add_argument("--throughput-num-seqs", type=int, default=256, help="sequences of the suite's bench throughput")
@@ -237,7 +277,11 @@ def main(argv=None) -> int:
               max_num_seqs=max(args.batch_sizes), enforce_eager=args.enforce_eager, kv_codec=args.kv_codec)
     rows = [profile_decode(llm, bs, ctx, args.steps) for ctx in args.context_len for bs in args.batch_sizes]
     print(format_table(rows))
-    write_json(args.json, {"command": "step_profile", "kv_codec": args.kv_codec, "rows": rows,
+    kernels = [row for ctx in args.context_len for bs in args.batch_sizes
+               for row in kernel_table(llm, bs, ctx, min(args.steps, 10), args.kernel_table)] if args.kernel_table else []
+    if kernels:
+        print(format_table(kernels))
+    write_json(args.json, {"command": "step_profile", "kv_codec": args.kv_codec, "rows": rows, "kernels": kernels,
                            "environment": environment(args.device)})
     return 0
 
