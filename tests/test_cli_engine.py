@@ -95,3 +95,21 @@ def test_bench_throughput_on_a_tiny_checkpoint(tmp_path):
     assert data["result"]["num_seqs"] == 4 and data["workload"]["seed"] == 0
     assert {"torch", "nanocore", "git_commit", "device"} <= set(data["environment"])
     assert data["config"]["model"] == str(ckpt)
+    assert data["result"]["warmup"] == "full" and data["result"]["cached_prompt_tokens"] == 0
+
+
+def test_throughput_warmup_repeats_the_shapes_but_not_the_tokens():
+    """The full warm-up compiles what the timed pass needs (same batch shapes) and leaves it no prefix hit."""
+    from nanocore import LLM
+    from nanocore.bench.throughput import make_workload, run_throughput, shifted_prompts
+    prompts = [p for p, _ in make_workload(6, 20, 40, 50, seed=3)]
+    shifted = shifted_prompts(prompts, 50)
+    assert [len(p) for p in shifted] == [len(p) for p in prompts]
+    assert all(a != b for p, q in zip(prompts, shifted) for a, b in zip(p, q))
+    llm = LLM("dummy:tiny-qwen2", device="cpu", num_kv_blocks=64, block_size=4, prefix_cache="hash")
+    full = run_throughput(llm, 6, 20, 40, warmup="full")
+    assert full.cached_prompt_tokens == 0 and llm.stats().num_finished_requests == 12
+    again = run_throughput(llm, 6, 20, 40, warmup="none")  # the same prompts again: the cache serves them
+    assert again.cached_prompt_tokens > 0
+    with pytest.raises(ValueError, match="warmup must be one of"):
+        run_throughput(llm, 6, 20, 40, warmup="twice")

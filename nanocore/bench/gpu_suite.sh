@@ -24,7 +24,7 @@ tests)
 tune)  # the new cuda tests, one throughput run, kernel variant sweeps (one call: at most ~590 s)
   TAIL=14 step 90 python3 -m pytest -q -m cuda tests/test_kernels_small_ops.py tests/test_kernels_sampling.py \
     tests/test_engine_async.py
-  step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
+  step 90 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   TAIL=40 step 120 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 100
   TAIL=40 step 120 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 100
   TAIL=30 step 200 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out" ;;
@@ -46,7 +46,7 @@ final)  # the last checks after the sweeps (one call, about 480 s; JSON straight
     --json "$out/bench_linear_fp8.json"
   step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method fp8_w8a16 \
     --json "$out/latency_qwen2.5_7b_fp8_w8a16.json"
-  step 55 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
+  step 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
   for codec in unquantized k_int8_v_fp8; do
     step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec $codec \
       --json "$out/latency_qwen3_0.6b_$codec.json"
@@ -67,8 +67,8 @@ smollm2)  # SmolLM2 greedy on the GPU vs the CPU reference (docs/data/greedy_smo
       --reference docs/data/greedy_smollm2_cpu.json --json "$out/greedy_smollm2_cuda_$dtype.json"
   done ;;
 engine)
-  step 55 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
-  step 55 $N bench throughput $Q06 --max-model-len 2048 --no-async-scheduling --json "$out/throughput_qwen3_0.6b_sync.json"
+  step 90 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
+  step 90 $N bench throughput $Q06 --max-model-len 2048 --no-async-scheduling --json "$out/throughput_qwen3_0.6b_sync.json"
   step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen3_0.6b_unquantized.json"
   step 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --json "$out/latency_qwen2.5_7b.json"
   step 30 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager \
@@ -78,7 +78,7 @@ profile)
     --batch-sizes 1 64 256 --context-len 512 --json "$out/step_profile_0.6b.json" ;;
 codecs)
   TAIL=30 step 150 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 120
-  step 55 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
+  step 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
   step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec k_int8_v_fp8 \
     --json "$out/latency_qwen3_0.6b_k_int8_v_fp8.json" ;;
 prefix)
@@ -92,7 +92,7 @@ moe)
     --repeats 1 --json "$out/latency_qwen1.5_moe_eager.json"
   step 60 $N bench latency $MOE --max-num-seqs 8 --max-model-len 1024 --moe-executor triton_fused_moe \
     --json "$out/latency_qwen1.5_moe_fused.json"
-  step 120 $N bench throughput $MOE --max-model-len 2048 --min-len 128 --max-len 1024 --moe-executor triton_fused_moe \
+  step 180 $N bench throughput $MOE --max-model-len 2048 --min-len 128 --max-len 1024 --moe-executor triton_fused_moe \
     --json "$out/throughput_qwen1.5_moe_fused.json" ;;
 interference)
   TAIL=10 step 70 $N bench interference $Q7 --b-prompt-len 32768 --json "$out/interference.json" --plot "$out/interference.png" ;;

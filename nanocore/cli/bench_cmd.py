@@ -19,6 +19,9 @@ def add_throughput_args(p) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--workload-seed", type=int, default=0, help="seed of the random workload (default 0)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
+    p.add_argument("--warmup", choices=["full", "one", "none"], default="full",
+                   help="untimed pass first: 'full' = the same workload with other token ids (default; compiles "
+                        "every kernel variant the timed pass needs), 'one' = one short request, 'none'")
 
 
 def run_throughput_cmd(args) -> int:
@@ -30,7 +33,7 @@ def run_throughput_cmd(args) -> int:
     config = engine_config_from_args(args)
     llm = LLM(config=config)
     result = run_throughput(llm, args.num_seqs, args.min_len, args.max_len, args.temperature, args.workload_seed,
-                            use_tqdm=args.progress)
+                            warmup=args.warmup, use_tqdm=args.progress)
     workload = make_workload(args.num_seqs, args.min_len, args.max_len, llm.engine.loaded.hf_config.vocab_size,
                              args.workload_seed)
     floor = floor_report(llm, [len(p) for p, _ in workload], [n for _, n in workload], result.steps, result.seconds)
