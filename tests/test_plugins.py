@@ -223,3 +223,13 @@ def test_choice_option_names_the_allowed_values():
     assert choice_option("x", {"kernel": "torch"}, "kernel", ("auto", "triton", "torch")) == "torch"
     with pytest.raises(ValueError, match="x: option kernel must be 'auto', 'triton' or 'torch', got 'cuda'"):
         choice_option("x", {"kernel": "cuda"}, "kernel", ("auto", "triton", "torch"))
+
+
+def test_moe_executor_options_are_checked_on_a_dense_model_too():
+    """The executor goes unused on a dense model, but a typo in its options is still an error."""
+    from nanocore.engine.llm import LLM
+    with pytest.raises(ValueError, match=r"backend 'eager' got unknown option\(s\) \['bogus'\]"):
+        LLM("dummy:tiny-qwen2", device="cpu", num_kv_blocks=16, moe_executor="eager",
+            moe_executor_options={"bogus": 1})
+    llm = LLM("dummy:tiny-qwen2", device="cpu", num_kv_blocks=16, moe_executor="eager")
+    assert llm.engine.loaded.moe_executor is None

@@ -187,10 +187,13 @@ def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.de
 
 
 def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) -> MoEExecutor | None:
-    """An executor instance for MoE architectures, None for dense ones."""
-    if not (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)):
-        return None
+    """An executor instance for MoE architectures, None for dense ones. An executor named for a dense model is
+    still looked up and given its options (then dropped): a typo must not pass because the model is dense."""
     name, options = config.backend("moe_executor")
+    if not (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)):
+        if name != AUTO:
+            get_registry().get("moe_executor", name).cls(dict(options))
+        return None
     return get_registry().resolve("moe_executor", name, device).cls(dict(options))
 
 
