@@ -111,5 +111,6 @@ def test_throughput_warmup_repeats_the_shapes_but_not_the_tokens():
     assert full.cached_prompt_tokens == 0 and llm.stats().num_finished_requests == 12
     again = run_throughput(llm, 6, 20, 40, warmup="none")  # the same prompts again: the cache serves them
     assert again.cached_prompt_tokens > 0
+    assert run_throughput(llm, 2, 20, 40, warmup=False).warmup == "none"  # the earlier bool form still works
     with pytest.raises(ValueError, match="warmup must be one of"):
         run_throughput(llm, 6, 20, 40, warmup="twice")

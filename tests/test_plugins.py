@@ -205,6 +205,11 @@ def test_a_third_party_subclass_of_a_builtin_takes_its_own_options(kind, name):
     with pytest.raises(ValueError, match=rf"backend '{name}' got unknown option\(s\) \['alpha'\]"):
         base(*args, {"alpha": 0.5})
 
+    class OnlyOverrides(base):  # no __init__ of its own: the built-in's check still applies, under its name
+        name = "overrides"
+    with pytest.raises(ValueError, match=r"backend 'overrides' got unknown option\(s\) \['alpha'\]"):
+        OnlyOverrides(*args, {"alpha": 0.5})
+
 
 def test_unknown_kv_codec_options_are_an_error_in_the_engine():
     sys.path.insert(0, str(Path(__file__).parent))

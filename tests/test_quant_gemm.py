@@ -73,3 +73,14 @@ def test_split_k_refuses_rows_beyond_decode_sizes(kernel):
         else:
             q, s = quantize_fp8_per_row(torch.randn(32, 128))
             weight_only_linear(x, q, s, None, cfg)
+
+
+def test_unknown_config_kinds_are_refused():
+    from nanocore.kernels.quant_gemm import GemmConfig, weight_only_linear
+    x = torch.randn(2, 128)
+    q, s = quantize_fp8_per_row(torch.randn(32, 128))
+    with pytest.raises(ValueError, match="configs are 'splitk' or 'tiled', not 'gemv'"):
+        weight_only_linear(x, q, s, None, GemmConfig("gemv", 1, 32, 64))
+    nanocore_awq = pytest.importorskip("nanocore_awq.kernels")
+    with pytest.raises(ValueError, match="awq configs are 'splitk' or 'tiled', not 'gemv'"):
+        nanocore_awq.awq_linear_triton(x, **awq_pack(torch.randn(32, 128), 128), config=GemmConfig("gemv", 1, 32, 64))

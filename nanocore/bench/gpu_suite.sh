@@ -114,7 +114,7 @@ tp2bench)  # Qwen2.5-7B TP=1 vs TP=2 (throughput, latency); Qwen1.5-MoE TP=2 vs 
   TAIL=20 step 560 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
     --throughput-args "--num-seqs 128" --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --moe-layouts "2,1 1,2 2,2" \
     --moe-modes throughput --moe-bench-args "--moe-executor triton_fused_moe --max-model-len 2048 --min-len 128" \
-    --bench-timeout-s 110 --json "$out/tp_check_2gpu_bench.json" ;;
+    --bench-timeout-s 150 --json "$out/tp_check_2gpu_bench.json" ;;
 leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap cuda tests, int8 x int8 tiles
   TAIL=30 step 60 $N bench prefix $Q7 --num-kv-blocks 8192 --prefix-cache hash --scenario shared-prefix --repeats 2 \
     --json "$out/prefix_hash_qwen2.5_7b.json"

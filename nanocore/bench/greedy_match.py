@@ -26,8 +26,8 @@ from nanocore.bench.prefix import top2_gap
 from nanocore.eval.compare import PROMPTS
 
 
-def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eager: bool = False) -> list[dict]:
-    """Per prompt: greedy token ids and the top-1 minus top-2 logprob gap at each position."""
+def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eager: bool = False) -> tuple[list[dict], str]:
+    """Per prompt: greedy token ids and the top-1 minus top-2 logprob gap at each position; the dtype it ran in."""
     from nanocore import LLM, SamplingParams
 
     llm = LLM(model, device=device, dtype=dtype, enforce_eager=enforce_eager, max_num_seqs=len(PROMPTS),
@@ -39,7 +39,7 @@ def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eag
         gaps = [top2_gap(entry) for entry in completion.logprobs]
         gaps = [None if gap == float("inf") else gap for gap in gaps]  # one candidate only; JSON has no inf
         rows.append({"prompt": prompt, "token_ids": list(completion.token_ids), "top2_gaps": gaps})
-    return rows
+    return rows, str(llm.engine.loaded.dtype).removeprefix("torch.")  # "auto" resolved
 
 
 #: Near-tie gap (nats) for runs in half precision: two bf16 roundings of logits in 16..32 (see the docstring).
@@ -96,14 +96,16 @@ def main(argv: list[str] | None = None) -> int:
             run = {k: v for k, v in json.load(f).items() if k in ("model", "device", "dtype", "max_tokens", "rows",
                                                                      "environment")}
     else:
-        rows = run_greedy(args.model, args.device, args.dtype, args.max_tokens, args.enforce_eager)
-        run = {"model": args.model, "device": args.device, "dtype": args.dtype, "max_tokens": args.max_tokens,
+        rows, dtype = run_greedy(args.model, args.device, args.dtype, args.max_tokens, args.enforce_eager)
+        run = {"model": args.model, "device": args.device, "dtype": dtype, "max_tokens": args.max_tokens,
                "rows": rows, "environment": environment(args.device)}
     if args.write_reference:
         write_json(args.write_reference, run)
         return 0
     with open(args.reference) as f:
         reference = json.load(f)
+    if reference["model"] != run["model"]:
+        raise SystemExit(f"{args.reference} is a run of {reference['model']!r}, this run is of {run['model']!r}")
     if len(reference["rows"]) != len(run["rows"]) or reference["max_tokens"] != run["max_tokens"]:
         raise SystemExit(f"{args.reference} holds {len(reference['rows'])} prompts x {reference['max_tokens']} tokens; "
                          f"this run has {len(run['rows'])} x {run['max_tokens']}: write a new reference")

@@ -5,8 +5,8 @@
 The phase timers serialise host and GPU (run synchronously): they say which phase to work on. The
 ``wall_*_ms`` columns time plain decode steps without timers, synchronous and with async scheduling
 (the next step's forward queued while the host post-processes), which is what throughput sees.
-``--kernel-table N`` adds, per batch size and context, the N kernels with the most device time over eager
-decode steps (torch.profiler; run with ``--enforce-eager``: graph replays hide their kernels).
+``--kernel-table N`` adds, per batch size and context, the N kernels with the most device time over decode steps
+run eagerly (torch.profiler; decode graphs are set aside for those steps, since replays hide their kernels).
 ``--out-dir DIR`` (GPU machine, ~5 min, at most ~10) runs the async-scheduling suite: the engine tests, async == sync
 outputs on the model, this profile, and ``bench throughput`` with async scheduling on and off; JSON per
 part in DIR.
@@ -139,7 +139,7 @@ def kernel_table(llm, batch_size: int, context_len: int, steps: int, top: int) -
 
     def spent(event) -> float:  # microseconds; torch renamed cuda_time_total to device_time_total
         if not on_gpu:
-            return event.cpu_time_total
+            return event.self_cpu_time_total  # self time: nested ops are not counted twice
         return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
     events = sorted(prof.key_averages(), key=spent, reverse=True)
     return [{"batch_size": batch_size, "context_len": context_len, "kernel": e.key[:70],
@@ -213,7 +213,7 @@ def run_suite(out_dir: Path, args) -> int:
 
     def load():
         holder["llm"] = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
-                            max_num_seqs=max(256, *args.batch_sizes), prefix_cache="none")
+                            max_num_seqs=max(256, *args.batch_sizes), prefix_cache="none", kv_codec=args.kv_codec)
         return {"model": args.model}
 
     part("load", load)
@@ -238,8 +238,8 @@ def pytest_part(paths: list[str]) -> dict:
 def throughput(path: Path, flag: str, args) -> dict:
     cmd = [sys.executable, "-m", "nanocore.cli.main", "bench", "throughput", "--model", args.model, "--device",
            args.device, "--dtype", args.dtype, "--max-model-len", str(args.max_model_len), flag, "--json", str(path),
-           "--num-seqs", str(args.throughput_num_seqs)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=170)
+           "--num-seqs", str(args.throughput_num_seqs), "--kv-codec", args.kv_codec]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)  # two passes: full warm-up
     if proc.returncode:
         raise RuntimeError(f"exit {proc.returncode}: {proc.stderr[-2000:]}")
     result = json.loads(path.read_text())["result"]
@@ -281,7 +281,8 @@ def main(argv=None) -> int:
                for row in kernel_table(llm, bs, ctx, min(args.steps, 10), args.kernel_table)] if args.kernel_table else []
     if kernels:
         print(format_table(kernels))
-    write_json(args.json, {"command": "step_profile", "kv_codec": args.kv_codec, "rows": rows, "kernels": kernels,
+    write_json(args.json, {"command": "step_profile", "kv_codec": llm.engine.runner.codec.name, "rows": rows,
+                           "kernels": kernels,
                            "environment": environment(args.device)})
     return 0
 

@@ -50,9 +50,11 @@ def shifted_prompts(prompts: list[list[int]], vocab_size: int) -> list[list[int]
 
 
 def run_throughput(llm, num_seqs: int, min_len: int, max_len: int, temperature: float = 0.6, seed: int = 0,
-                   warmup: str = "full", use_tqdm: bool = False) -> ThroughputResult:
+                   warmup: str | bool = "full", use_tqdm: bool = False) -> ThroughputResult:
     from nanocore.engine.sampling_params import SamplingParams
 
+    if isinstance(warmup, bool):  # the earlier signature: True was a one-request warm-up
+        warmup = "one" if warmup else "none"
     if warmup not in WARMUPS:
         raise ValueError(f"warmup must be one of {WARMUPS}, got {warmup!r}")
     vocab = llm.engine.loaded.hf_config.vocab_size

@@ -19,7 +19,8 @@ def add_throughput_args(p) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--workload-seed", type=int, default=0, help="seed of the random workload (default 0)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
-    p.add_argument("--warmup", choices=["full", "one", "none"], default="full",
+    from nanocore.bench.throughput import WARMUPS
+    p.add_argument("--warmup", choices=WARMUPS, default="full",
                    help="untimed pass first: 'full' = the same workload with other token ids (default; compiles "
                         "every kernel variant the timed pass needs), 'one' = one short request, 'none'")
 

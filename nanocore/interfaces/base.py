@@ -47,10 +47,12 @@ def check_options(backend: str, options: dict[str, Any], allowed: dict[str, type
 
 def builtin_options(backend: Any, owner: type, name: str, options: dict[str, Any] | None,
                     allowed: dict[str, type]) -> dict[str, Any]:
-    """Options of a built-in backend: checked when ``backend`` is ``owner`` itself; a third-party subclass may take
-    options of its own, so it passes them up unchecked and validates them itself."""
+    """Options of a built-in backend: checked against ``allowed`` unless ``backend`` is a subclass with an
+    ``__init__`` of its own (it may take options of its own: it passes them up and validates them itself)."""
     options = dict(options or {})
-    return check_options(name, options, allowed) if type(backend) is owner else options
+    if type(backend).__init__ is not owner.__init__:
+        return options
+    return check_options(name if type(backend) is owner else (backend.name or type(backend).__name__), options, allowed)
 
 
 def choice_option(backend: str, options: dict[str, Any], key: str, choices: tuple[str, ...]) -> str:

@@ -88,7 +88,8 @@ SCALED_MM_ALIGN = 16
 
 
 def _aligned_for_scaled_mm(layer: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-    """The layer's fp8 weight zero-padded to multiples of 16 (and its scales, padded with 1), made once per layer."""
+    """The layer's fp8 weight zero-padded to multiples of 16 (and its scales, padded with 1): made after loading,
+    again only if the weights move to another device (never inside a CUDA-graph capture, which runs eager first)."""
     cached = getattr(layer, "_scaled_mm_aligned", None)
     if cached is None or cached[0].device != layer.weight.device:
         n, k = layer.weight.shape
@@ -114,6 +115,12 @@ class Fp8W8A8LinearMethod(_Fp8Base):
         if device.type == "cuda":
             return cuda_capability_reason(device, (8, 9), f"{cls.name} (fp8 tensor cores)")
         return None if device.type == "cpu" else f"{cls.name} runs on CPU or NVIDIA GPUs, not {device.type}"
+
+    def process_weights_after_loading(self, layer):
+        super().process_weights_after_loading(layer)
+        n, k = layer.weight.shape
+        if k % SCALED_MM_ALIGN or n % SCALED_MM_ALIGN:
+            _aligned_for_scaled_mm(layer)
 
     def apply(self, layer, x, bias=None):
         n, k = layer.weight.shape
