@@ -26,7 +26,8 @@ from nanocore.bench.prefix import top2_gap
 from nanocore.eval.compare import PROMPTS
 
 
-def run_greedy(model: str, device: str, dtype: str, max_tokens: int, enforce_eager: bool = False) -> tuple[list[dict], str]:
+def run_greedy(model: str, device: str, dtype: str, max_tokens: int,
+               enforce_eager: bool = False) -> tuple[list[dict], str]:
     """Per prompt: greedy token ids and the top-1 minus top-2 logprob gap at each position; the dtype it ran in."""
     from nanocore import LLM, SamplingParams
 
@@ -80,8 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--near-tie", type=float, help="gap in nats below which a flip is rounding "
-                   f"(default: {NEAR_TIE} for float32 runs, {HALF_PRECISION_NEAR_TIE} when either run is half precision)")
+    p.add_argument("--near-tie", type=float, help="gap in nats below which a flip is rounding (default: "
+                   f"{NEAR_TIE} for float32 runs, {HALF_PRECISION_NEAR_TIE} when either run is half precision)")
     group = p.add_mutually_exclusive_group(required=True)
     group.add_argument("--write-reference", metavar="PATH", help="write this run as the reference")
     group.add_argument("--reference", metavar="PATH", help="compare this run with a reference file")
@@ -119,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(args.json, {**run, "reference": args.reference, "reference_environment": reference.get("environment"),
                            "near_tie": near_tie, **result})
     return 0 if result["ok"] else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())

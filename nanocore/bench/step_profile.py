@@ -277,13 +277,14 @@ def main(argv=None) -> int:
               max_num_seqs=max(args.batch_sizes), enforce_eager=args.enforce_eager, kv_codec=args.kv_codec)
     rows = [profile_decode(llm, bs, ctx, args.steps) for ctx in args.context_len for bs in args.batch_sizes]
     print(format_table(rows))
-    kernels = [row for ctx in args.context_len for bs in args.batch_sizes
-               for row in kernel_table(llm, bs, ctx, min(args.steps, 10), args.kernel_table)] if args.kernel_table else []
+    kernels = []
+    if args.kernel_table:
+        kernels = [row for ctx in args.context_len for bs in args.batch_sizes
+                   for row in kernel_table(llm, bs, ctx, min(args.steps, 10), args.kernel_table)]
     if kernels:
         print(format_table(kernels))
     write_json(args.json, {"command": "step_profile", "kv_codec": llm.engine.runner.codec.name, "rows": rows,
-                           "kernels": kernels,
-                           "environment": environment(args.device)})
+                           "kernels": kernels, "environment": environment(args.device)})
     return 0
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from nanocore.bench import interference as interference_bench
 from nanocore.bench import prefix as prefix_bench
+from nanocore.bench.throughput import WARMUPS
 from nanocore.cli.common import add_engine_args, engine_config_from_args
 
 THROUGHPUT_COLUMNS = ["model", "num_seqs", "prompt_tokens", "output_tokens", "seconds", "output_tokens_per_s",
@@ -19,7 +20,6 @@ def add_throughput_args(p) -> None:
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--workload-seed", type=int, default=0, help="seed of the random workload (default 0)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
-    from nanocore.bench.throughput import WARMUPS
     p.add_argument("--warmup", choices=WARMUPS, default="full",
                    help="untimed pass first: 'full' = the same workload with other token ids (default; compiles "
                         "every kernel variant the timed pass needs), 'one' = one short request, 'none'")

@@ -24,7 +24,7 @@ KINDS: dict[str, tuple[type[Backend], str]] = {
 }
 
 __all__ = [
-    "API_VERSION", "Backend", "builtin_options", "check_options", "choice_option", "KVCache", "KVCodec", "KVLayout", "LinearMethod",
-    "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "PrefixCache", "ScheduleDecision",
+    "API_VERSION", "Backend", "builtin_options", "check_options", "choice_option", "KVCache", "KVCodec", "KVLayout",
+    "LinearMethod", "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "PrefixCache", "ScheduleDecision",
     "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "add_prefill_chunks", "KINDS",
 ]

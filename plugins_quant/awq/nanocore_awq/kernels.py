@@ -13,7 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig, check_splitk_rows, gemm_input_rows, split_k_for, splitk_workspace
+from nanocore.kernels.quant_gemm import (DECODE_MAX_M, GemmConfig, check_splitk_rows, gemm_input_rows, split_k_for,
+                                         splitk_workspace)
 from nanocore.quant_utils import awq_dequantize
 
 try:
