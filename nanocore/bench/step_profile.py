@@ -64,17 +64,22 @@ def wall_step_ms(engine, steps: int, async_scheduling: bool, sync) -> float:
     return 1e3 * (time.perf_counter() - start) / steps
 
 
-def profile_decode(llm, batch_size: int, context_len: int, steps: int) -> dict:
+def start_decoding(engine, batch_size: int, context_len: int, max_tokens: int, seed: int) -> None:
+    """``batch_size`` random prompts of ``context_len`` tokens, prefilled: the next steps are pure decode."""
     from nanocore.engine.sampling_params import SamplingParams
 
-    engine, runner = llm.engine, llm.engine.runner
-    rng = random.Random(0)
+    rng = random.Random(seed)
     vocab = engine.loaded.hf_config.vocab_size
-    params = SamplingParams(temperature=0.6, max_tokens=3 * steps + 8, ignore_eos=True)
+    params = SamplingParams(temperature=0.6, max_tokens=max_tokens, ignore_eos=True)
     for _ in range(batch_size):
         engine.add_request([rng.randrange(vocab) for _ in range(context_len)], params)
     while any(s.num_uncomputed_tokens > 1 for s in [*engine.scheduler.waiting, *engine.scheduler.running]):
-        engine.step()  # prefill everything first
+        engine.step()
+
+
+def profile_decode(llm, batch_size: int, context_len: int, steps: int) -> dict:
+    engine, runner = llm.engine, llm.engine.runner
+    start_decoding(engine, batch_size, context_len, 3 * steps + 8, seed=0)
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     async_before, engine.async_scheduling = engine.async_scheduling, False  # timers serialise anyway
     totals: dict[str, float] = defaultdict(float)
@@ -113,16 +118,8 @@ def kernel_table(llm, batch_size: int, context_len: int, steps: int, top: int) -
     """The ``top`` kernels by device time per decode step (eager steps under torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from nanocore.engine.sampling_params import SamplingParams
-
     engine = llm.engine
-    rng = random.Random(1)
-    vocab = engine.loaded.hf_config.vocab_size
-    params = SamplingParams(temperature=0.6, max_tokens=steps + 4, ignore_eos=True)
-    for _ in range(batch_size):
-        engine.add_request([rng.randrange(vocab) for _ in range(context_len)], params)
-    while any(s.num_uncomputed_tokens > 1 for s in [*engine.scheduler.waiting, *engine.scheduler.running]):
-        engine.step()
+    start_decoding(engine, batch_size, context_len, steps + 4, seed=1)
     graphs, engine.runner.decode_graphs = engine.runner.decode_graphs, None  # eager: every kernel is visible
     try:
         engine.step()  # one decode step outside the trace (first-call work)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import os
 import signal
 import sys
 import tempfile
@@ -23,7 +24,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--eager", action="store_true", help="no CUDA graphs")
     p.add_argument("--moe", action="store_true", help="the MoE checkpoint at TP=N+EP=N")
     args = p.parse_args(argv)
-    import os
     os.environ.update(NVLS_OFF)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     from nanocore.engine.llm import LLM

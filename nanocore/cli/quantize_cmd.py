@@ -119,14 +119,14 @@ def layer_groups(src: Path) -> dict[str, list[str]]:
 
 def write_quantized(src: Path, out: Path, method, calibration, ignore: list[str], extra: dict,
                     device: torch.device = torch.device("cpu")) -> dict:
-    from safetensors import safe_open
+    from nanocore.loader.safetensors_io import open_safetensors
 
     groups, shards, pending, pending_bytes, ignored, config = layer_groups(src), [], {}, 0, set(), {}
     for group in tqdm(sorted(groups, key=_layer_order), desc=f"quantize {method.name}", unit="layer"):
         tensors = {}
-        for file, name in groups[group]:
-            with safe_open(str(file), "pt") as f:
-                tensors[name] = f.get_tensor(name)
+        for file in dict.fromkeys(file for file, _ in groups[group]):  # each file of this layer opened once
+            with open_safetensors(file) as f:
+                tensors.update((name, f.get_tensor(name)) for fname, name in groups[group] if fname == file)
         keep = {n: t for n, t in tensors.items() if n.endswith(".weight") and is_ignored(n[:-7], ignore)}
         ignored.update(n[:-7] for n in keep if n[:-7] in quantizable_linears(keep))
         todo = {n: t.to(device) for n, t in tensors.items() if n not in keep}  # one layer on the device at a time

@@ -222,7 +222,7 @@ class Worker:
             if TRACING:  # every step: no message built when off
                 trace(self.rank, f"call {method}")
             if method == "exit":
-                destroy_distributed()  # ordered: workers first, rank 0 (the store host) last
+                destroy_distributed()  # together with rank 0, which returns last (see destroy_distributed)
                 return
             getattr(self, method)(*args)
 

@@ -35,6 +35,7 @@ DEFAULT_QUANT_PATH = "fold"
 NARROW_DECODE_TILE = (128, 4, 2)
 GROUP_K_DECODE_TILE = (64, 4, 2)
 
+
 @dataclass(frozen=True)
 class AttentionConfig:
     """Tile shape and launch parameters; ``num_splits`` 0 lets the heuristic choose; ``quant_path`` None
