@@ -13,6 +13,7 @@ from typing import Any, Callable, ClassVar
 import torch
 
 from nanocore.interfaces.base import Backend
+from nanocore.interfaces.quant_scheme import QuantScheme
 
 WeightLoader = Callable[..., None]
 
@@ -50,6 +51,11 @@ class LinearMethod(Backend):
         weight_loader: WeightLoader,
     ) -> None:
         """Register this layer's parameters (this TP rank's partition) on ``layer``."""
+
+    def quant_scheme(self) -> QuantScheme | None:
+        """How this instance (with its options) rounds weights and activations; ``None``: it does not quantize.
+        The conformance suite derives the tolerance of ``apply`` from it, so declare what you really compute."""
+        return None
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         """Repack loaded weights for ``apply`` (transpose, quantize, ...). Default: nothing."""
