@@ -5,6 +5,7 @@
     class TestMine(LinearMethodConformance):
         backend = "mine"
 """
+from nanocore_conformance.binding import bind, bind_all
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.kv_codec import KVCodecConformance
 from nanocore_conformance.linear import LinearMethodConformance
@@ -23,5 +24,5 @@ CLASSES_BY_KIND = {
 
 __all__ = [
     "BackendContractConformance", "KVCodecConformance", "LinearMethodConformance", "MoEExecutorConformance",
-    "PrefixCacheConformance", "SchedulerPolicyConformance", "CLASSES_BY_KIND",
+    "PrefixCacheConformance", "SchedulerPolicyConformance", "CLASSES_BY_KIND", "bind", "bind_all",
 ]
