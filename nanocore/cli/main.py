@@ -16,6 +16,7 @@ COMMAND_MODULES = [
     "nanocore.cli.bench_cmd",
     "nanocore.cli.quantize_cmd",
     "nanocore.cli.tune_cmd",
+    "nanocore.cli.serve_cmd",
 ]
 
 

@@ -233,7 +233,12 @@ class LLMEngine:
             if logprobs is not None and seq.output_logprobs is not None:
                 seq.output_logprobs.append(logprobs[i])
             request = requests[seq.request_id]
-            if self._check_finish(seq, request.detokenizers[seq.index]):
+            try:
+                done = self._check_finish(seq, request.detokenizers[seq.index])
+            except Exception as exc:  # noqa: BLE001 - one request's detokenizer must not take the step down
+                logger.exception("request %s: the stop check failed; finishing it with reason 'error'", seq.request_id)
+                seq.finish_reason, seq.stop_reason, done = "error", f"{type(exc).__name__}: {exc}", True
+            if done:
                 self.scheduler.finish(seq)
                 if request.finished:
                     finished.append(self.request_output(self.requests.pop(seq.request_id)))

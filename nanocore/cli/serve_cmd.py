@@ -1,0 +1,49 @@
+"""``nanocore serve``: the OpenAI-compatible HTTP server (completions, chat, models, health, version, metrics).
+
+Engine flags, ``--config FILE.toml`` and ``NANOCORE_*`` environment choose the model and backends exactly as
+for ``LLM(...)``; ``GET /version`` reports the backends in use.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from nanocore.cli.common import add_engine_args, engine_config_from_args
+
+API_KEY_ENV = "NANOCORE_API_KEY"
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (default model, CPU or GPU)",
+                              description=__doc__)
+    s = p.add_argument_group("server")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
+    s.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Bearer KEY' on /v1 routes (or set {API_KEY_ENV})")
+    s.add_argument("--max-waiting-requests", type=int, default=1024,
+                   help="requests queued but not yet running before new ones get HTTP 429 (default 1024)")
+    s.add_argument("--drain-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish on SIGTERM before they are aborted (default 30)")
+    s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from nanocore.engine.llm import LLM
+    from nanocore.serve.server import create_app, serve
+
+    if args.max_waiting_requests < 1:
+        raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
+    config = engine_config_from_args(args)  # config errors before the model loads
+    logging.getLogger("nanocore").setLevel(logging.INFO)
+    llm = LLM(config=config)
+    app = create_app(llm, args.served_model_name, args.api_key or os.environ.get(API_KEY_ENV),
+                     args.max_waiting_requests, args.drain_timeout)
+    backends = app.state.serve.backends
+    print(f"nanocore serve: {app.state.serve.served_model_name} on http://{args.host}:{args.port}/v1 "
+          f"({', '.join(f'{k}={v}' for k, v in backends.items())})", flush=True)
+    serve(app, args.host, args.port, args.drain_timeout, args.log_level)
+    return 0

@@ -1,0 +1,227 @@
+"""AsyncEngine: one thread steps ``LLMEngine`` while HTTP requests come and go (continuous batching).
+
+The asyncio side only enqueues commands (add, abort) and reads per-request queues; the loop thread owns the
+engine, so no engine state is touched from two threads. One step's updates reach the event loop in one
+``call_soon_threadsafe`` call.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from typing import AsyncIterator
+
+from nanocore.engine.llm import LLM
+from nanocore.engine.sampling_params import SamplingParams
+from nanocore.serve.metrics import ServerMetrics
+from nanocore.serve.protocol import APIError
+from nanocore.serve.request_state import RequestUpdate, TrackedRequest, merge_updates
+
+logger = logging.getLogger("nanocore.serve")
+
+IDLE_WAIT_S = 0.5  # an idle loop re-checks its stop flag this often
+
+
+class AsyncEngine:
+    def __init__(self, llm: LLM, max_waiting_requests: int = 1024, metrics: ServerMetrics | None = None):
+        self.llm = llm
+        self.engine = llm.engine
+        self.max_waiting_requests = max_waiting_requests
+        self.metrics = metrics or ServerMetrics()
+        self._commands: deque = deque()  # ("add", TrackedRequest) / ("abort", request_id), from any thread
+        self._wake = threading.Event()
+        self._tracked: dict[str, TrackedRequest] = {}  # loop thread only
+        self._waiting_lock = threading.Lock()
+        self._num_waiting = 0  # accepted, not yet admitted to a step (the 429 limit counts these)
+        self._accepting = True
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="nanocore-engine-loop", daemon=True)
+        self._thread.start()
+
+    # ---- the asyncio side ----------------------------------------------------------------
+    @property
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def num_waiting(self) -> int:
+        return self._num_waiting
+
+    async def submit(self, prompt_token_ids: list[int], params: SamplingParams,
+                     streaming: bool = False) -> "RequestStream":
+        """Queue a request; raises APIError 429 / 503 when refused, ValueError when the engine rejects it."""
+        if not self._accepting or not self.is_alive:
+            raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
+        with self._waiting_lock:
+            if self._num_waiting >= self.max_waiting_requests:
+                raise APIError(429, f"too many waiting requests ({self._num_waiting}, limit "
+                                    f"{self.max_waiting_requests}); retry later", type="rate_limit_error",
+                               code="rate_limit_exceeded")
+            self._num_waiting += 1
+        tracked = TrackedRequest(f"req-{uuid.uuid4().hex}", prompt_token_ids, params, asyncio.get_running_loop(),
+                                 streaming)
+        self._send_command(("add", tracked))
+        try:
+            await tracked.accepted
+        except asyncio.CancelledError:
+            self.abort(tracked.request_id)
+            raise
+        return RequestStream(self, tracked)
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks (thread-safe; a finished or unknown id is ignored)."""
+        self._send_command(("abort", request_id))
+
+    def close(self, drain_timeout_s: float = 0.0) -> None:
+        """Refuse new requests, let running ones finish for up to ``drain_timeout_s``, abort the rest, stop."""
+        self._accepting = False
+        deadline = time.monotonic() + drain_timeout_s
+        while (self._tracked or self._commands) and time.monotonic() < deadline and self.is_alive:
+            time.sleep(0.05)
+        self._stop = True
+        self._wake.set()
+        self._thread.join()
+        self.engine.close()
+
+    def _send_command(self, command) -> None:
+        self._commands.append(command)
+        self._wake.set()
+
+    # ---- the loop thread -----------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._stop:
+            self._apply_commands()
+            if not self.engine.has_unfinished_requests():
+                self._wake.wait(IDLE_WAIT_S)
+                self._wake.clear()
+                continue
+            self._step()
+        self._apply_commands()
+        for request_id in list(self._tracked):
+            self._fail(request_id, "the server shut down before this request finished", status=503)
+
+    def _apply_commands(self) -> None:
+        while self._commands:
+            kind, payload = self._commands.popleft()
+            if kind == "add":
+                self._add(payload)
+            elif payload in self._tracked:
+                self._remove(payload, abort=True)
+
+    def _add(self, tracked: TrackedRequest) -> None:
+        try:
+            tracked.engine_request = self.engine.add_request(tracked.prompt_token_ids, tracked.params,
+                                                             request_id=tracked.request_id, stream=True)
+        except Exception as exc:  # noqa: BLE001 - a rejected prompt must not stop the loop
+            self._count_started()
+            tracked.loop.call_soon_threadsafe(_settle, tracked.accepted, exc)
+            return
+        self._tracked[tracked.request_id] = tracked
+        tracked.loop.call_soon_threadsafe(_settle, tracked.accepted, None)
+
+    def _step(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail what was in flight, keep serving
+            logger.exception("engine step failed; failing the requests in flight")
+            for request_id in list(self._tracked):
+                self._fail(request_id, f"engine step failed: {exc}")
+            return
+        now = time.perf_counter()
+        outputs = {o.request_id: o for o in finished}
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for request_id, tracked in list(self._tracked.items()):
+            try:
+                update = self._collect(tracked, outputs.get(request_id), now)
+            except Exception as exc:  # noqa: BLE001 - this request's output code failed: fail it alone
+                logger.exception("request %s failed while building its output", request_id)
+                self._fail(request_id, f"building the output failed: {exc}")
+                continue
+            if update is not None and update.worth_sending:
+                batches.setdefault(tracked.loop, []).append((tracked.queue, update))
+                if update.finished:
+                    self._remove(request_id, abort=update.error is not None)
+        for loop, items in batches.items():
+            _call_soon(loop, _deliver, items)
+        self.metrics.record_step(self.engine, self._num_waiting)
+
+    def _collect(self, tracked: TrackedRequest, output, now: float) -> RequestUpdate | None:
+        if not tracked.started and tracked.has_started():
+            self._count_started()
+        update = tracked.collect(self.engine, output)
+        if update is not None and update.new_tokens:
+            ttft, gap = tracked.mark_tokens(now)
+            self.metrics.observe_token_times(ttft, gap)
+        if update is not None and update.finished and update.error is None:
+            reasons = [o.finish_reason for o in update.output.outputs] if update.output else []
+            self.metrics.record_finished(reasons, now - tracked.arrival_time)
+        return update
+
+    def _count_started(self) -> None:
+        with self._waiting_lock:
+            self._num_waiting -= 1
+
+    def _remove(self, request_id: str, abort: bool) -> None:
+        tracked = self._tracked.pop(request_id)
+        if not tracked.started:
+            self._count_started()
+        if abort:
+            self.engine.abort_request(request_id)
+
+    def _fail(self, request_id: str, message: str, status: int = 500) -> None:
+        tracked = self._tracked.get(request_id)
+        if tracked is None:
+            return
+        self._remove(request_id, abort=True)
+        update = RequestUpdate(finished=True, error=message, status=status)
+        _call_soon(tracked.loop, _deliver, [(tracked.queue, update)])
+
+
+class RequestStream:
+    """The asyncio side of one request: iterate its (merged) updates; closing early aborts it."""
+
+    def __init__(self, front: AsyncEngine, tracked: TrackedRequest):
+        self.front, self.tracked = front, tracked
+        self.request_id = tracked.request_id
+        self.finished = False
+
+    async def updates(self) -> AsyncIterator[RequestUpdate]:
+        queue = self.tracked.queue
+        try:
+            while not self.finished:
+                pending = [await queue.get()]
+                while not queue.empty():  # a slow reader gets what piled up as one update
+                    pending.append(queue.get_nowait())
+                update = merge_updates(pending)
+                self.finished = update.finished
+                yield update
+        finally:
+            if not self.finished:  # the client went away (or the handler failed): free the KV blocks now
+                self.front.abort(self.request_id)
+
+    async def result(self) -> RequestUpdate:
+        """Wait for the end; the last update carries the whole output."""
+        last = None
+        async for update in self.updates():
+            last = update
+        return last
+
+
+def _settle(future: asyncio.Future, exc: BaseException | None) -> None:
+    if not future.done():
+        future.set_exception(exc) if exc is not None else future.set_result(None)
+
+
+def _deliver(items: list) -> None:
+    for queue, update in items:
+        queue.put_nowait(update)
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:
+    try:
+        loop.call_soon_threadsafe(callback, *args)
+    except RuntimeError:  # the event loop already closed (shutdown): nobody is listening
+        pass

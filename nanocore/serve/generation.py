@@ -1,0 +1,121 @@
+"""One completions / chat call: submit its prompts, then stream chunks or wait for the whole body."""
+from __future__ import annotations
+
+import asyncio
+from typing import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from nanocore.engine.sampling_params import SamplingParams
+from nanocore.serve.async_engine import AsyncEngine, RequestStream
+from nanocore.serve.protocol import APIError, bad_request
+from nanocore.serve.request_state import RequestUpdate
+from nanocore.serve.responses import ResponseShape, sse, usage
+
+DONE = "data: [DONE]\n\n"
+
+
+async def generate(front: AsyncEngine, prompts: list[list[int]], params: SamplingParams, shape: ResponseShape,
+                   stream: bool, include_usage: bool, raw: Request) -> Response:
+    streams = await submit_all(front, prompts, params, stream)
+    prompt_tokens = sum(len(p) for p in prompts)
+    if stream:
+        events = stream_events(front, streams, shape, params.n, prompt_tokens if include_usage else None)
+        return StreamingResponse(events, media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    updates = await wait_or_disconnect(streams, raw)
+    if updates is None:
+        return Response(status_code=499)  # the client left; its requests were aborted
+    failed = next((u for u in updates if u.error is not None), None)
+    if failed is not None:
+        raise APIError(failed.status, failed.error, type="server_error")
+    choices = [(i * params.n + out.index, out) for i, u in enumerate(updates) for out in u.output.outputs]
+    completion_tokens = sum(len(out.token_ids) for _, out in choices)
+    return JSONResponse(shape.body(choices, usage(prompt_tokens, completion_tokens)))
+
+
+async def submit_all(front: AsyncEngine, prompts: list[list[int]], params: SamplingParams,
+                     stream: bool) -> list[RequestStream]:
+    """Every prompt is accepted, or none is (those queued before a refusal are aborted)."""
+    streams: list[RequestStream] = []
+    try:
+        for token_ids in prompts:
+            streams.append(await front.submit(token_ids, params, streaming=stream))
+    except BaseException as exc:
+        for s in streams:
+            front.abort(s.request_id)
+        if isinstance(exc, ValueError):
+            raise bad_request(str(exc), "prompt" if "prompt" in str(exc) else None) from None
+        raise
+    return streams
+
+
+async def wait_or_disconnect(streams: list[RequestStream], raw: Request) -> list[RequestUpdate] | None:
+    """The final update of each stream, or None (everything aborted) if the client disconnects first."""
+    results = asyncio.ensure_future(asyncio.gather(*(s.result() for s in streams)))
+    watcher = asyncio.ensure_future(_client_gone(raw))
+    done, _ = await asyncio.wait({results, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if results in done:
+        watcher.cancel()
+        return results.result()
+    results.cancel()  # each stream's generator aborts its engine request as it unwinds
+    for s in streams:
+        s.front.abort(s.request_id)
+    return None
+
+
+async def _client_gone(raw: Request) -> None:
+    while (await raw.receive())["type"] != "http.disconnect":  # the body is read: only a disconnect can come
+        pass
+
+
+async def stream_events(front: AsyncEngine, streams: list[RequestStream], shape: ResponseShape, n: int,
+                        prompt_tokens: int | None) -> AsyncIterator[str]:
+    """SSE text: one write per engine update (all its choices' chunks), usage if asked, then [DONE]."""
+    completion_tokens, started = 0, set()
+    try:
+        async for prompt_index, update in merged_updates(streams):
+            if update.error is not None:
+                yield sse(APIError(update.status, update.error, type="server_error").body())
+                break
+            chunks = []
+            for delta in update.deltas:
+                index = prompt_index * n + delta.index
+                completion_tokens += len(delta.token_ids)
+                chunks.append(sse(shape.chunk(index, delta.text, delta.token_ids, delta.logprobs,
+                                              delta.finish_reason, role=index not in started)))
+                started.add(index)
+            if chunks:
+                yield "".join(chunks)
+        if prompt_tokens is not None:
+            yield sse(shape.usage_chunk(usage(prompt_tokens, completion_tokens)))
+        yield DONE
+    finally:
+        for s in streams:
+            if not s.finished:  # disconnect or error: free the KV blocks at once
+                front.abort(s.request_id)
+
+
+async def merged_updates(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestUpdate]]:
+    """(prompt index, update) from every stream, in arrival order, until all have finished."""
+    if len(streams) == 1:
+        async for update in streams[0].updates():
+            yield 0, update
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, s: RequestStream) -> None:
+        async for update in s.updates():
+            await queue.put((index, update))
+
+    tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(streams)
+        while remaining:
+            index, update = await queue.get()
+            remaining -= update.finished
+            yield index, update
+    finally:
+        for task in tasks:
+            task.cancel()

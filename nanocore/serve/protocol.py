@@ -1,0 +1,152 @@
+"""Request bodies of the OpenAI API (the fields nanocore honours) and its error object."""
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from nanocore.engine.sampling_params import SamplingParams
+
+#: OpenAI caps top logprobs at 20; a larger N would make every step slower for everyone.
+MAX_LOGPROBS = 20
+
+
+class APIError(Exception):
+    """An error answered as ``{"error": {"message", "type", "param", "code"}}`` with ``status``."""
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None) -> APIError:
+    return APIError(400, message, param=param)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class SamplingFields(BaseModel):
+    """Fields shared by completions and chat (OpenAI's, plus vLLM's extensions top_k, min_p, ignore_eos...)."""
+
+    # unknown fields (user, presence_penalty = 0, ...) are accepted and ignored, as OpenAI clients send them
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise bad_request(f"{name} is not supported by nanocore; leave it at 0", name)
+        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+            raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
+        defaults = SamplingParams()
+        try:
+            return SamplingParams(
+                n=self.n, temperature=_or(self.temperature, 1.0), top_p=_or(self.top_p, 1.0),
+                top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0), seed=self.seed, max_tokens=max_tokens,
+                min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
+                ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
+                include_stop_str_in_output=self.include_stop_str_in_output)
+        except ValueError as exc:
+            raise bad_request(str(exc), _param_named_in(str(exc), defaults)) from None
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+
+    def prompts(self) -> list[str | list[int]]:
+        if self.echo:
+            raise bad_request("echo is not supported by nanocore; leave it false", "echo")
+        if self.suffix:
+            raise bad_request("suffix is not supported by nanocore", "suffix")
+        prompt = self.prompt
+        if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+            prompt = [prompt]
+        if not prompt:
+            raise bad_request("prompt is empty; give a string, a list of strings or a list of token ids", "prompt")
+        return list(prompt)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "tool", "developer"]
+    content: str | list[dict[str, Any]] | None = None
+
+    def template_dict(self) -> dict[str, Any]:
+        """The message as the chat template expects it: text parts joined into one string."""
+        content = self.content
+        if isinstance(content, list):
+            if any(part.get("type") != "text" for part in content):
+                raise bad_request("only text content parts are supported", "messages")
+            content = "".join(str(part.get("text", "")) for part in content)
+        return {"role": self.role, "content": content or ""}
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    def num_logprobs(self) -> int | None:
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0
+
+
+def _or(value, default):
+    return default if value is None else value
+
+
+def _param_named_in(message: str, defaults: SamplingParams) -> str | None:
+    """The field a SamplingParams message starts with (its messages are 'NAME must be ...')."""
+    name = message.split(" ", 1)[0]
+    return name if hasattr(defaults, name) else None
+
+
+def validation_message(errors: list[dict[str, Any]]) -> tuple[str, str | None]:
+    """One line per problem of a pydantic / FastAPI validation error, and the first field's name."""
+    lines, param = [], None
+    for error in errors:
+        location = [str(part) for part in error.get("loc", ()) if part != "body"]
+        if error.get("type") == "json_invalid":
+            lines.append(f"the body is not valid JSON: {error.get('ctx', {}).get('error', error.get('msg'))}")
+            continue
+        field = ".".join(location) or "body"
+        param = param or (location[0] if location else None)
+        lines.append(f"{field}: {error.get('msg')}")
+    return "; ".join(dict.fromkeys(lines)), param

@@ -1,0 +1,124 @@
+"""One HTTP request inside the engine loop: what it has been sent so far, and what is new after a step."""
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+
+from nanocore.engine.outputs import Logprob, RequestOutput
+from nanocore.engine.sampling_params import SamplingParams
+from nanocore.engine.sequence import SequenceStatus
+
+#: finish_reason the engine gives a sample whose detokenization or stop check raised (the request fails alone).
+ERROR_FINISH = "error"
+
+
+@dataclass
+class SampleDelta:
+    """New output of one of a request's n samples since the last update."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, Logprob]] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+    def extend(self, later: "SampleDelta") -> None:
+        """Append a later delta of the same sample (a slow reader gets one merged chunk)."""
+        self.text += later.text
+        self.token_ids += later.token_ids
+        if later.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + later.logprobs
+        self.finish_reason, self.stop_reason = later.finish_reason, later.stop_reason
+
+
+@dataclass
+class RequestUpdate:
+    deltas: list[SampleDelta] = field(default_factory=list)
+    finished: bool = False
+    output: RequestOutput | None = None  # the whole result, with the last update
+    error: str | None = None
+    status: int = 500  # HTTP status of ``error``
+    new_tokens: bool = False  # some sample grew (times TTFT / ITL even when no delta is built)
+
+    @property
+    def worth_sending(self) -> bool:
+        return bool(self.deltas) or self.finished
+
+
+class TrackedRequest:
+    """Owned by the engine loop thread once added; it hands updates to the asyncio side through ``queue``."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                 loop: asyncio.AbstractEventLoop, streaming: bool):
+        self.request_id = request_id
+        self.streaming = streaming  # build a delta every step (else only the final output)
+        self.prompt_token_ids = prompt_token_ids
+        self.params = params
+        self.loop = loop
+        self.queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
+        self.accepted: asyncio.Future = loop.create_future()
+        self.engine_request = None  # the engine's Request, once the loop thread added it
+        self.num_sent = [0] * params.n
+        self.started = False  # admitted to a step at least once (no longer counts as waiting)
+        self.arrival_time = time.perf_counter()
+        self.first_token_time: float | None = None
+        self.last_token_time: float | None = None
+
+    def has_started(self) -> bool:
+        if not self.started and self.engine_request is not None:
+            self.started = any(s.status is not SequenceStatus.WAITING for s in self.engine_request.seqs)
+        return self.started
+
+    def collect(self, engine, output: RequestOutput | None) -> RequestUpdate | None:
+        """What is new since the last call; None when nothing is. Runs on the engine loop thread."""
+        deltas, grew, error = [], False, None
+        for seq, detokenizer in zip(self.engine_request.seqs, self.engine_request.detokenizers):
+            sent = self.num_sent[seq.index]
+            if seq.num_output_tokens == sent:
+                continue
+            grew, self.num_sent[seq.index] = True, seq.num_output_tokens
+            if seq.finish_reason == ERROR_FINISH:
+                error = f"generation failed: {seq.stop_reason}"
+            if self.streaming:
+                deltas.append(self._delta(engine, seq, detokenizer, sent))
+        if not grew and output is None:
+            return None
+        return RequestUpdate(deltas, finished=output is not None or error is not None, output=output, error=error,
+                             new_tokens=grew)
+
+    @staticmethod
+    def _delta(engine, seq, detokenizer, sent: int) -> SampleDelta:
+        logprobs = None
+        if seq.output_logprobs is not None:
+            logprobs = [engine._logprob_dict(entry) for entry in seq.output_logprobs[sent:]]
+        text = detokenizer.stream_delta(seq.is_finished) if detokenizer is not None else ""
+        return SampleDelta(seq.index, text, seq.token_ids[seq.num_prompt_tokens + sent:], logprobs,
+                           seq.finish_reason, seq.stop_reason)
+
+    def mark_tokens(self, now: float) -> tuple[float | None, float | None]:
+        """(time to first token, inter-token latency): the one that applies to new tokens at ``now``."""
+        first = self.first_token_time is None
+        gap = None if first else now - self.last_token_time
+        if first:
+            self.first_token_time = now
+        self.last_token_time = now
+        return (now - self.arrival_time if first else None), gap
+
+
+def merge_updates(updates: list[RequestUpdate]) -> RequestUpdate:
+    """Several queued updates as one (per sample: text and tokens concatenated, the last finish reason)."""
+    if len(updates) == 1:
+        return updates[0]
+    merged: dict[int, SampleDelta] = {}
+    for update in updates:
+        for delta in update.deltas:
+            if delta.index in merged:
+                merged[delta.index].extend(delta)
+            else:
+                merged[delta.index] = SampleDelta(delta.index, delta.text, list(delta.token_ids),
+                                                  None if delta.logprobs is None else list(delta.logprobs),
+                                                  delta.finish_reason, delta.stop_reason)
+    last = updates[-1]
+    return RequestUpdate(list(merged.values()), last.finished, last.output, last.error, last.status, True)

@@ -1,0 +1,105 @@
+"""OpenAI-shaped response bodies and stream chunks, from engine outputs and deltas (pure functions)."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nanocore.engine.outputs import Logprob
+
+
+def sse(payload: dict[str, Any] | str) -> str:
+    """One server-sent event: ``data: <json>`` and a blank line."""
+    data = payload if isinstance(payload, str) else json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+    return f"data: {data}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _token_text(token_id: int, entry: Logprob) -> str:
+    return entry.decoded_token if entry.decoded_token is not None else f"token_id:{token_id}"
+
+
+def _ranked(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]]:
+    ranked = sorted(entries.items(), key=lambda item: item[1].rank if item[1].rank is not None else 1 << 30)
+    return ranked[:top_n]
+
+
+def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | None, top_n: int,
+                        text_offset: int = 0) -> dict[str, Any] | None:
+    """The legacy completions format: tokens, token_logprobs, top_logprobs, text_offset."""
+    if logprobs is None:
+        return None
+    tokens, token_logprobs, top, offsets = [], [], [], []
+    for token_id, entries in zip(token_ids, logprobs):
+        text = _token_text(token_id, entries[token_id])
+        tokens.append(text)
+        token_logprobs.append(entries[token_id].logprob)
+        top.append({_token_text(t, e): e.logprob for t, e in _ranked(entries, top_n)})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | None,
+                  top_n: int) -> dict[str, Any] | None:
+    """The chat format: ``{"content": [{token, logprob, bytes, top_logprobs: [...]}]}``."""
+    if logprobs is None:
+        return None
+
+    def item(token_id: int, entry: Logprob) -> dict[str, Any]:
+        text = _token_text(token_id, entry)
+        return {"token": text, "logprob": entry.logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = [{**item(t, entries[t]), "top_logprobs": [item(i, e) for i, e in _ranked(entries, top_n)]}
+               for t, entries in zip(token_ids, logprobs)]
+    return {"content": content}
+
+
+class ResponseShape:
+    """Ids, names and the completion / chat body layouts of one API call."""
+
+    def __init__(self, chat: bool, request_id: str, created: int, model: str, top_logprobs: int):
+        self.chat, self.id, self.created, self.model = chat, request_id, created, model
+        self.top_logprobs = top_logprobs
+
+    def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
+
+    def logprobs(self, token_ids: list[int], logprobs) -> dict[str, Any] | None:
+        if self.chat:
+            return chat_logprobs(token_ids, logprobs, self.top_logprobs)
+        return completion_logprobs(token_ids, logprobs, self.top_logprobs)
+
+    def body(self, choices: list[tuple[int, Any]], usage_counts: dict[str, int]) -> dict[str, Any]:
+        """The whole response; ``choices`` are (index, CompletionOutput)."""
+        rows = []
+        for index, out in choices:
+            row: dict[str, Any] = {"index": index, "logprobs": self.logprobs(out.token_ids, out.logprobs),
+                                   "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
+            if self.chat:
+                row["message"] = {"role": "assistant", "content": out.text}
+            else:
+                row["text"] = out.text
+            rows.append(row)
+        return {**self._envelope("chat.completion" if self.chat else "text_completion", rows), "usage": usage_counts}
+
+    def chunk(self, index: int, text: str | None, token_ids: list[int], logprobs, finish_reason: str | None,
+              role: bool = False) -> dict[str, Any]:
+        """One stream chunk for one choice (chat: ``delta``; the first one of a choice carries the role)."""
+        row: dict[str, Any] = {"index": index, "logprobs": self.logprobs(token_ids, logprobs) if token_ids else None,
+                               "finish_reason": finish_reason}
+        if self.chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if text is not None:
+                delta["content"] = text
+            row["delta"] = delta
+        else:
+            row["text"] = text or ""
+        return self._envelope("chat.completion.chunk" if self.chat else "text_completion", [row])
+
+    def usage_chunk(self, usage_counts: dict[str, int]) -> dict[str, Any]:
+        return {**self._envelope("chat.completion.chunk" if self.chat else "text_completion", []),
+                "usage": usage_counts}

@@ -1,0 +1,70 @@
+"""Build the server from an LLM and run it: under uvicorn in the foreground (``nanocore serve``), or in a
+background thread on a free port (tests, ``nanocore bench serve``)."""
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import uvicorn
+from fastapi import FastAPI
+
+from nanocore.engine.llm import LLM
+from nanocore.engine.workers import backend_names
+from nanocore.serve.api import ServerState, build_app
+from nanocore.serve.async_engine import AsyncEngine
+
+
+def backends_in_use(engine) -> dict[str, str | None]:
+    """Each kind's backend as resolved ('auto' replaced by what it chose); moe_executor is None for a dense model."""
+    names = backend_names(engine.loaded, engine.runner.codec)
+    names["prefix_cache"] = engine.block_manager.prefix_cache.name
+    names["scheduler_policy"] = engine.scheduler.policy_name
+    return names
+
+
+def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | None = None,
+               max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0) -> FastAPI:
+    """The app with its engine loop already running (it stops at the app's shutdown)."""
+    front = AsyncEngine(llm, max_waiting_requests=max_waiting_requests)
+    state = ServerState(front, served_model_name or llm.config.model, api_key, backends_in_use(llm.engine),
+                        drain_timeout_s)
+    return build_app(state)
+
+
+def serve(app: FastAPI, host: str, port: int, drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
+    """Run until SIGINT / SIGTERM: new connections are refused, in-flight requests get ``drain_timeout_s`` to
+    finish, then the rest are aborted and the engine loop stops."""
+    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout_s,
+                timeout_keep_alive=30)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class ServerThread:
+    """``with ServerThread(app) as url:`` serves ``app`` on a free local port from a background thread."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int | None = None, startup_timeout_s: float = 60):
+        self.port = port or free_port(host)
+        self.url = f"http://{host}:{self.port}"
+        config = uvicorn.Config(app, host=host, port=self.port, log_level="warning", timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="nanocore-uvicorn", daemon=True)
+        self.startup_timeout_s = startup_timeout_s
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + self.startup_timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the server did not start on {self.url}")
+            time.sleep(0.02)
+        return self.url
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
