@@ -1,6 +1,6 @@
 """Quantized-KV decode attention and KV store on one GPU: every variant checked, then timed; JSON out.
 
-Usage (repo root, GPU machine): ``python3 nanocore/bench/attention_quant_tune.py OUTDIR [--budget-s 140]``
+Usage (repo root, GPU machine): ``python3 benchmarks/attention_quant_tune.py OUTDIR [--budget-s 140]``
 Expected wall time: about 120-130 s (most of it Triton compiles): it stops starting variants at ``--budget-s``
 (default 120) and rewrites the JSON after every variant, so even a run killed at its limit leaves results.
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU check and benchmark of the engine, grouped in sections, in one call on the H200 (each step
 # time-boxed; a failure does not stop the rest). Usage from the repo root on the GPU machine:
-#   NANOCORE_GIT_COMMIT=<hash> bash nanocore/bench/gpu_suite.sh OUTDIR [SECTION ...]   (default: every section)
+#   NANOCORE_GIT_COMMIT=<hash> bash benchmarks/gpu_suite.sh OUTDIR [SECTION ...]   (default: every section)
 # (pass the dev checkout's `git rev-parse --short HEAD` literally: the device's copy of .git can be stale, and the
 #  JSONs record this commit)
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
@@ -10,7 +10,7 @@
 #   per linear method), and on a 2-GPU machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
-source nanocore/bench/gpu_setup.sh || exit 1
+source benchmarks/gpu_setup.sh || exit 1
 N="python3 -m nanocore.cli.main"
 Q06="--model dummy:Qwen3-0.6B --device cuda --dtype bfloat16"
 Q7="--model dummy:Qwen2.5-7B --device cuda --dtype bfloat16"
@@ -26,7 +26,7 @@ tune)  # the new cuda tests, one throughput run, kernel variant sweeps (one call
     tests/test_engine_async.py
   step 90 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   TAIL=40 step 120 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 100
-  TAIL=40 step 120 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 100
+  TAIL=40 step 120 python3 benchmarks/attention_quant_tune.py "$out" --budget-s 100
   TAIL=30 step 200 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out" ;;
 quant)  # quantized linears: microbench (launched and graph-replayed) and Qwen2.5-7B end to end (about 480 s)
   TAIL=10 step 90 python3 -m pytest -q -m cuda tests/test_quant_gemm.py plugins_quant/fp8_w8a16/tests/test_kernels.py \
@@ -61,9 +61,9 @@ smollm2)  # SmolLM2 greedy on the GPU vs the CPU reference (docs/data/greedy_smo
   # (pip download --no-deps gguf -d .whl), then two back-to-back calls (a warm machine keeps /tmp):
   #   call 1, carry [".whl", ".smollm2/part_aa"]: mkdir -p /tmp/smol && cp .smollm2/part_aa /tmp/smol/
   #   call 2, carry [".whl", ".smollm2/part_ab"]: cat /tmp/smol/part_aa .smollm2/part_ab > /tmp/smol/s.gguf &&
-  #     NANOCORE_DEFAULT_GGUF=/tmp/smol/s.gguf bash nanocore/bench/gpu_suite.sh $OUT smollm2
+  #     NANOCORE_DEFAULT_GGUF=/tmp/smol/s.gguf bash benchmarks/gpu_suite.sh $OUT smollm2
   for dtype in float32 bfloat16; do
-    TAIL=12 step 150 python3 -m nanocore.bench.greedy_match --device cuda --dtype $dtype \
+    TAIL=12 step 150 python3 -m benchmarks.greedy_match --device cuda --dtype $dtype \
       --reference docs/data/greedy_smollm2_cpu.json --json "$out/greedy_smollm2_cuda_$dtype.json"
   done ;;
 engine)
@@ -74,10 +74,10 @@ engine)
   step 30 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager \
     --json "$out/prefill_qwen3_0.6b.json" ;;
 profile)
-  TAIL=20 step 60 python3 -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --device cuda --dtype bfloat16 \
+  TAIL=20 step 60 python3 -m benchmarks.step_profile --model dummy:Qwen3-0.6B --device cuda --dtype bfloat16 \
     --batch-sizes 1 64 256 --context-len 512 --json "$out/step_profile_0.6b.json" ;;
 codecs)
-  TAIL=30 step 150 python3 nanocore/bench/attention_quant_tune.py "$out" --budget-s 120
+  TAIL=30 step 150 python3 benchmarks/attention_quant_tune.py "$out" --budget-s 120
   step 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec k_int8_v_fp8 --json "$out/throughput_qwen3_0.6b_k_int8_v_fp8.json"
   step 30 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec k_int8_v_fp8 \
     --json "$out/latency_qwen3_0.6b_k_int8_v_fp8.json" ;;
@@ -99,7 +99,7 @@ interference)
 tp2smoke)  # a TP=2 engine stage by stage (eager, graphs, MoE TP=2+EP=2); a stuck one dumps every rank's stack
   for flags in "--eager" "" "--moe --eager"; do
     log="$out/tp_smoke$(echo $flags | tr -d ' -').log"; echo "== tp_smoke $flags (full log: $log)"
-    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 NCCL_DEBUG=WARN setsid python3 -m nanocore.bench.tp_smoke \
+    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 NCCL_DEBUG=WARN setsid python3 -m benchmarks.tp_smoke \
       --gpus 2 $flags >"$log" 2>&1 & pid=$!  # its own process group: the watchdog reaches its ranks and nothing else
     ( sleep 75; kill -USR1 -- -$pid; sleep 3; kill -9 -- -$pid ) 2>/dev/null & dog=$!
     wait $pid; echo "exit $?"; kill $dog 2>/dev/null
@@ -107,11 +107,11 @@ tp2smoke)  # a TP=2 engine stage by stage (eager, graphs, MoE TP=2+EP=2); a stuc
   done ;;
 tp2)  # TP=2 / EP=2 / TP=2+EP=2 logits vs one GPU and plugins chosen by name in the workers (~180 s; full log kept)
   echo "== tp_check --gpus 2 --backends (log: $out/tp_check_2gpu.log)"
-  NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 timeout -k 10 260 python3 -m nanocore.bench.tp_check --gpus 2 \
+  NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 timeout -k 10 260 python3 -m benchmarks.tp_check --gpus 2 \
     --backends --json "$out/tp_check_2gpu.json" >"$out/tp_check_2gpu.log" 2>&1; echo "exit $?"
   grep -E "TP=|Error|error" "$out/tp_check_2gpu.log" | grep -v "call execute" | tail -20 ;;
 tp2bench)  # Qwen2.5-7B TP=1 vs TP=2 (throughput, latency); Qwen1.5-MoE TP=2 vs EP=2 vs TP=2+EP=2 throughput
-  TAIL=20 step 560 python3 -m nanocore.bench.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
+  TAIL=20 step 560 python3 -m benchmarks.tp_check --gpus 2 --skip-logits --bench --bench-model dummy:Qwen2.5-7B \
     --throughput-args "--num-seqs 128" --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --moe-layouts "2,1 1,2 2,2" \
     --moe-modes throughput --moe-bench-args "--moe-executor triton_fused_moe --max-model-len 2048 --min-len 128" \
     --bench-timeout-s 150 --json "$out/tp_check_2gpu_bench.json" ;;
@@ -122,7 +122,7 @@ leftovers)  # 7B prefix identity with the near-tie report, fp8 / shared-overlap 
     tests/test_moe_shared_overlap.py
   TAIL=14 step 60 $N bench linear --device cuda --methods unquantized,int8_w8a8 --ms 256,1024,4096 \
     --json "$out/bench_linear_int8_tiles.json"
-  python3 -c "from pathlib import Path; from nanocore.bench.tp_check import make_checkpoints as m; m(Path('/tmp/qc'), False)" \
+  python3 -c "from pathlib import Path; from benchmarks.tp_check import make_checkpoints as m; m(Path('/tmp/qc'), False)" \
     >/dev/null 2>&1
   for m in fp8_w8a16 int8_w8a8 awq; do  # nanocore quantize --device cuda (no calibration text: no tokenizer here)
     step 60 $N quantize --method $m --model /tmp/qc/dense --out /tmp/qc/$m --device cuda
@@ -138,7 +138,7 @@ verify)  # every plugin's cuda conformance and the engine's cuda tests, attentio
   done ;;
 codecgap)  # where k_int8_v_fp8's throughput loss comes from: decode steps and kernels at two contexts, prefill (~300 s)
   for c in unquantized k_int8_v_fp8; do
-    TAIL=30 step 100 python3 -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --batch-sizes 256 --context-len 256 1024 \
+    TAIL=30 step 100 python3 -m benchmarks.step_profile --model dummy:Qwen3-0.6B --batch-sizes 256 --context-len 256 1024 \
       --kv-codec $c --kernel-table 10 --json "$out/step_profile_0.6b_$c.json"
     step 40 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager --kv-codec $c \
       --json "$out/prefill_qwen3_0.6b_$c.json"

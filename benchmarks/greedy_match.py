@@ -6,10 +6,10 @@ on the GPU) generates the same continuations and reports, per prompt, the first 
 and the reference's top-2 gap there: a flip where the reference itself was nearly tied is rounding, a flip with a
 large gap is a bug. Usage (issue 4's SmolLM2 check):
 
-    python -m nanocore.bench.greedy_match --device cpu --dtype float32 --write-reference docs/data/greedy_smollm2_cpu.json
-    python -m nanocore.bench.greedy_match --device cuda --dtype float32 --reference docs/data/greedy_smollm2_cpu.json \
+    python -m benchmarks.greedy_match --device cpu --dtype float32 --write-reference docs/data/greedy_smollm2_cpu.json
+    python -m benchmarks.greedy_match --device cuda --dtype float32 --reference docs/data/greedy_smollm2_cpu.json \
         --json OUT.json        # exit status 1 only for a flip that is not a near-tie
-    python -m nanocore.bench.greedy_match --reference CPU_BF16.json --run-file GPU_BF16.json   # two stored runs
+    python -m benchmarks.greedy_match --reference CPU_BF16.json --run-file GPU_BF16.json   # two stored runs
 
 A near-tie depends on the dtype: float32 logits flip below 0.05 nats; bf16 logits are rounded to 1/8 at the
 magnitudes of SmolLM2's top logits (16..32), and SmolLM2 in bf16 on the CPU already flips against its own float32

@@ -1,6 +1,6 @@
 """Host-side cost of one decode step, measured on CPU with the model stubbed out.
 
-    OMP_NUM_THREADS=1 python -m nanocore.bench.host_overhead --num-seqs 256 --steps 50 [--profile]
+    OMP_NUM_THREADS=1 python -m benchmarks.host_overhead --num-seqs 256 --steps 50 [--profile]
 
 ``model.forward`` returns zeros and ``compute_logits`` a fixed random slice, so what is timed is the
 engine's Python: scheduling, input preparation, sampling parameters, the sampler's bookkeeping on small

@@ -1,6 +1,6 @@
 """CPU tokens/s of the default model (SmolLM2-135M-Instruct), so later changes can be compared.
 
-    python -m nanocore.bench.smollm2_cpu [--threads 1] [--json bench_smollm2_cpu.json]
+    python -m benchmarks.smollm2_cpu [--threads 1] [--json bench_smollm2_cpu.json]
 
 Two rows: one sequence decoding (batch 1) and the throughput workload (16 sequences, lengths 16..64).
 Not a timed test: numbers depend on the machine and its load (on a busy 2-core box use --threads 1).

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: host phases (synchronised timers around each) and pure graph replay.
 
-    python -m nanocore.bench.step_profile --model dummy:Qwen3-0.6B --batch-sizes 1 256 --json OUT.json
+    python -m benchmarks.step_profile --model dummy:Qwen3-0.6B --batch-sizes 1 256 --json OUT.json
 
 The phase timers serialise host and GPU (run synchronously): they say which phase to work on. The
 ``wall_*_ms`` columns time plain decode steps without timers, synchronous and with async scheduling

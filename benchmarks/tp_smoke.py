@@ -1,7 +1,7 @@
 """One tensor-parallel engine on a tiny random checkpoint, every stage timed: the first thing to run on a new
 multi-GPU machine (a hang names its stage; ``kill -USR1`` on any rank dumps its stack).
 
-    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 python -m nanocore.bench.tp_smoke --gpus 2 [--eager] [--moe]
+    NANOCORE_TRACE_WORKERS=1 NANOCORE_DIST_TIMEOUT_S=60 python -m benchmarks.tp_smoke --gpus 2 [--eager] [--moe]
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from nanocore.bench.tp_check import NVLS_OFF, PROMPTS, make_checkpoints
+from benchmarks.tp_check import NVLS_OFF, PROMPTS, make_checkpoints
 
 
 def main(argv: list[str] | None = None) -> int:

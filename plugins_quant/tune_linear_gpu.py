@@ -1,9 +1,9 @@
 """GPU tuning sweep of the quantized linear kernels: every variant checked against its torch twin, then timed.
 
-``source nanocore/bench/gpu_setup.sh && python plugins_quant/tune_linear_gpu.py OUTDIR [--budget-s 140]``
+``source benchmarks/gpu_setup.sh && python plugins_quant/tune_linear_gpu.py OUTDIR [--budget-s 140]``
 Expected wall time about 2 minutes (Triton compiles included); variants not reached within the budget
 are recorded as skipped. Shapes: the four linears of a Qwen2.5-7B layer; times are medians of
-a CUDA-graph replay after an L2 flush (``nanocore.bench.timing.graph_time_ms``: no Python launch cost, as in
+a CUDA-graph replay after an L2 flush (``nanocore.toolkit.timing.graph_time_ms``: no Python launch cost, as in
 graph-captured decode) summed over the four; bf16 ``F.linear`` in the same run.
 Writes OUTDIR/tune_linear.json and prints, per (kernel, M), the default config and the best variant.
 """
@@ -18,11 +18,16 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from nanocore.bench.timing import graph_time_ms
 
-from nanocore.kernels.quant_gemm import (GemmConfig, default_config, int8_scaled_linear, weight_only_linear,
-                                         weight_only_linear_torch)
-from nanocore.quant_utils import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.gemm import (
+    GemmConfig,
+    default_config,
+    int8_scaled_linear,
+    weight_only_linear,
+    weight_only_linear_torch,
+)
+from nanocore.toolkit.numerics import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.timing import graph_time_ms
 from nanocore_awq.kernels import awq_default_config, awq_linear_torch, awq_linear_triton
 
 SHAPES = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584), "down_proj": (3584, 18944)}

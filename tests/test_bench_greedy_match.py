@@ -1,7 +1,7 @@
-"""`nanocore.bench.greedy_match`: the verdict logic, and a CPU run against its own reference."""
+"""`benchmarks.greedy_match`: the verdict logic, and a CPU run against its own reference."""
 import json
 
-from nanocore.bench import greedy_match as gm
+from benchmarks import greedy_match as gm
 
 
 def test_verdicts():

@@ -1,7 +1,7 @@
 """bench host_overhead: the stubbed-model decode loop runs (code path only; no timing assertion)."""
 from __future__ import annotations
 
-from nanocore.bench.host_overhead import main
+from benchmarks.host_overhead import main
 
 
 def test_host_overhead_runs_a_few_decode_steps(capsys):
@@ -12,7 +12,7 @@ def test_host_overhead_runs_a_few_decode_steps(capsys):
 
 
 def test_cached_block_tables_match_a_fresh_build():
-    from nanocore.bench.host_overhead import add_requests, build_llm
+    from benchmarks.host_overhead import add_requests, build_llm
     from nanocore.engine.model_runner import block_table_array
 
     llm = build_llm(8, 64, 8 * 4 + 4, 4)  # blocks cross the 16-token boundary during the steps

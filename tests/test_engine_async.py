@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from engine_fakes import EOS, VOCAB, fake_loaded_model  # noqa: E402
+
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 
@@ -195,7 +196,7 @@ def test_lookahead_inputs_match_a_fresh_build():
 
 
 def test_host_overhead_bench_runs_the_async_path(capsys):
-    from nanocore.bench.host_overhead import main
+    from benchmarks.host_overhead import main
 
     assert main(["--num-seqs", "8", "--steps", "3", "--repeats", "1", "--prompt-len", "20", "--max-tokens", "8",
                  "--async-scheduling"]) == 0

@@ -1,11 +1,11 @@
-"""nanocore.kernels.quant_gemm (fp8 / int8 weight-only GEMM + decode GEMV) vs its torch reference."""
+"""nanocore.toolkit.gemm (fp8 / int8 weight-only GEMM + decode GEMV) vs its torch reference."""
 import os
 
 import pytest
 import torch
 
-from nanocore.kernels.quant_gemm import weight_only_linear_torch
-from nanocore.quant_utils import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.gemm import weight_only_linear_torch
+from nanocore.toolkit.numerics import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
 
 #: CPU-only machines run the Triton kernels in the interpreter (switched on by the root conftest.py)
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -19,7 +19,7 @@ interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_kernels_match_torch_reference_in_triton_interpreter(m, n, k, quantize, dtype, with_bias):
-    from nanocore.kernels.quant_gemm import weight_only_linear
+    from nanocore.toolkit.gemm import weight_only_linear
     torch.manual_seed(m * 1000 + n)
     q, scale = quantize(torch.randn(n, k) * 0.3)
     x = torch.randn(m, k).to(dtype)
@@ -34,7 +34,7 @@ def test_kernels_match_torch_reference_in_triton_interpreter(m, n, k, quantize, 
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 @pytest.mark.parametrize("m", [1, 3, 8, 16, 100, 512])
 def test_bf16_on_cuda(quantize, m):
-    from nanocore.kernels.quant_gemm import weight_only_linear
+    from nanocore.toolkit.gemm import weight_only_linear
     torch.manual_seed(m)
     q, scale = quantize(torch.randn(384, 512, device="cuda"))
     x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
@@ -46,7 +46,7 @@ def test_bf16_on_cuda(quantize, m):
 
 def test_split_k_counters_belong_to_one_weight():
     """Two split-K GEMMs that overlap on different streams must not share arrival counters."""
-    from nanocore.kernels import quant_gemm
+    from nanocore.toolkit import gemm as quant_gemm
 
     device = torch.device("cpu")
     w1, w2 = torch.zeros(64, 32, dtype=torch.int8), torch.zeros(64, 32, dtype=torch.int8)
@@ -62,7 +62,7 @@ def test_split_k_counters_belong_to_one_weight():
 @pytest.mark.parametrize("kernel", ["weight_only", "awq"])
 def test_split_k_refuses_rows_beyond_decode_sizes(kernel):
     # its single row tile would outgrow shared memory (M=100 asked for 256 KiB on the H200): say so, do not launch
-    from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig, weight_only_linear
+    from nanocore.toolkit.gemm import DECODE_MAX_M, GemmConfig, weight_only_linear
     cfg = GemmConfig("splitk", 16, 32, 64)
     x = torch.randn(DECODE_MAX_M + 1, 128)
     with pytest.raises(ValueError, match="split-K decode kernel serves M <= 16"):
@@ -76,7 +76,7 @@ def test_split_k_refuses_rows_beyond_decode_sizes(kernel):
 
 
 def test_unknown_config_kinds_are_refused():
-    from nanocore.kernels.quant_gemm import GemmConfig, weight_only_linear
+    from nanocore.toolkit.gemm import GemmConfig, weight_only_linear
     x = torch.randn(2, 128)
     q, s = quantize_fp8_per_row(torch.randn(32, 128))
     with pytest.raises(ValueError, match="configs are 'splitk' or 'tiled', not 'gemv'"):

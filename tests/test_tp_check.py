@@ -10,8 +10,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from spawn_helpers import wait_until_gone  # noqa: E402
 
-from nanocore.bench.tp_check import compare, layouts, run_process_group  # noqa: E402
-
+from benchmarks.tp_check import compare, layouts, run_process_group  # noqa: E402
 
 RANK_BACKENDS = {"linear_method": "unquantized", "kv_codec": "unquantized", "moe_executor": None}
 
@@ -59,7 +58,7 @@ def test_tp_smoke_runs_every_stage_on_gloo():
     import subprocess
 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "NANOCORE_TRACE_WORKERS": "1"}
-    result = subprocess.run([sys.executable, "-m", "nanocore.bench.tp_smoke", "--gpus", "2", "--device", "cpu"],
+    result = subprocess.run([sys.executable, "-m", "benchmarks.tp_smoke", "--gpus", "2", "--device", "cpu"],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr[-3000:]
     for stage in ("engine built", "prompt_logits", "generate: [16, 16, 16] tokens", "closed",

@@ -10,7 +10,8 @@ import torch.nn.functional as F
 
 from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.builtin.prefill_first import PrefillFirstPolicy
-from nanocore.builtin.unquantized_kv import UnquantizedKVCodec, flat_slots
+from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
+from nanocore.toolkit.kv import flat_slots
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.interfaces import ScheduleDecision
 from nanocore_conformance import (

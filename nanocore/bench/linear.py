@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from nanocore.bench.timing import graph_time_ms
+from nanocore.toolkit.timing import graph_time_ms
 
 #: (N, K) of the linears of one decoder layer; "tiny" keeps K a multiple of 128 for group-wise methods.
 SHAPES = {

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from nanocore.bench.timing import graph_replay, time_ms
+from nanocore.toolkit.timing import graph_replay, time_ms
 
 
 @dataclass(frozen=True)

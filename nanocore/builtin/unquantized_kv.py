@@ -5,11 +5,7 @@ import torch
 
 from nanocore.interfaces import KVCache, KVCodec, KVLayout, builtin_options
 from nanocore.kernels import attention_dispatch
-
-
-def flat_slots(cache_tensor: torch.Tensor) -> torch.Tensor:
-    """View ``[num_blocks, block_size, ...]`` as ``[num_slots, ...]``."""
-    return cache_tensor.view(-1, *cache_tensor.shape[2:])
+from nanocore.toolkit.kv import flat_slots
 
 
 class UnquantizedKVCodec(KVCodec):

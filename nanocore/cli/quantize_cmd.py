@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from nanocore.quant_utils import IGNORE_KEYS, is_ignored, quantizable_linears
+from nanocore.toolkit.checkpoint import IGNORE_KEYS, is_ignored, quantizable_linears
 
 _LAYER = re.compile(r"^(.*\.layers\.\d+)\.")
 _SHARD_BYTES = 2 << 30

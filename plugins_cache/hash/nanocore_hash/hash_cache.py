@@ -16,7 +16,7 @@ from typing import Sequence
 import xxhash
 
 from nanocore.interfaces import PrefixCache, check_options
-from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks, published_prefix
+from nanocore.toolkit.prefix_cache import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks, published_prefix
 
 ROOT_KEY = 0
 

@@ -1,6 +1,6 @@
 """Dynamically scaled KV codecs. Each is a layout; storing and dequantizing are shared.
 
-The quantizer is the core's (``nanocore.kernels.kv_store``): symmetric, ``scale = amax / qmax`` per
+The quantizer is the toolkit's (``nanocore.toolkit.kv``): symmetric, ``scale = amax / qmax`` per
 (token, head) or per group of head_dim, computed from the data at store time (1 only for an all-zero
 vector, which then round-trips exactly). On CUDA the fused Triton store writes values and scales in one
 launch; elsewhere its torch twin does, with the same numbers. ``gather`` is the dequantizing reference
@@ -12,18 +12,9 @@ from typing import ClassVar
 
 import torch
 
-from nanocore.builtin.unquantized_kv import flat_slots
 from nanocore.interfaces import KVCache, KVCodec, KVLayout, check_options
 from nanocore.interfaces.kv_codec import ScaleGranularity
-from nanocore.kernels import attention_dispatch
-
-
-def dequantize(values: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``values [N, H, D]`` times ``scales [N, H, G]`` broadcast over each group of ``D / G`` elements."""
-    n, h, d = values.shape
-    groups = scales.shape[-1]
-    grouped = values.float().view(n, h, groups, d // groups) * scales.float()[..., None]
-    return grouped.view(n, h, d).to(dtype)
+from nanocore.toolkit.kv import gather_layout, store_layout
 
 
 class ScaledKVCodec(KVCodec):
@@ -47,17 +38,10 @@ class ScaledKVCodec(KVCodec):
                         group_size=self.group_size, scale_dtype=self.scale_dtype)
 
     def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        layout = self.layout(k.dtype)
-        if k.is_cuda and attention_dispatch.available():  # strided views (the qkv split) go in as they are
-            attention_dispatch.store_kv(cache, k, v, slot_mapping, layout)
-        else:
-            from nanocore.kernels.kv_store import store_kv_reference
-            store_kv_reference(cache, k, v, slot_mapping, layout)
+        store_layout(cache, k, v, slot_mapping, self.layout(k.dtype))
 
     def gather(self, cache: KVCache, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        k = dequantize(flat_slots(cache.k)[slots], flat_slots(cache.k_scale)[slots], dtype)
-        v = dequantize(flat_slots(cache.v)[slots], flat_slots(cache.v_scale)[slots], dtype)
-        return k, v
+        return gather_layout(cache, slots, dtype)
 
 
 class Int8KVCodec(ScaledKVCodec):

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Sequence
 
 from nanocore.interfaces import PrefixCache, check_options
-from nanocore.prefix_cache_helpers import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks, published_prefix
+from nanocore.toolkit.prefix_cache import EvictableLRU, PrefixCacheCounters, check_insert, full_blocks, published_prefix
 
 
 @dataclass(eq=False)

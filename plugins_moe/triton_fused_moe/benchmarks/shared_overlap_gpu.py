@@ -1,6 +1,6 @@
 """One Qwen1.5-MoE-A2.7B MoE layer on one GPU: the shared expert on a side stream (overlap) vs sequential.
 
-Usage, from the repo root after ``source nanocore/bench/gpu_setup.sh``:
+Usage, from the repo root after ``source benchmarks/gpu_setup.sh``:
     python3 plugins_moe/triton_fused_moe/benchmarks/shared_overlap_gpu.py OUTDIR [BUDGET_S=60]
 Expected wall time about 30 to 50 s including Triton compiles, under 90 s: no new case starts past BUDGET_S.
 Writes OUTDIR/shared_overlap.json after every case and prints a table.
@@ -12,7 +12,7 @@ overlap off vs on; the two branches alone as graphs (routed = router + experts, 
 expert) give the ideal overlapped time max(routed, shared) against the sequential sum. With the ``eager``
 executor (host-synchronising, the 51.7 ms TPOT case) the launched forward only. Every case checks that
 overlap on == off bit for bit (eager, graph, graph vs eager). Timing: CUDA events, median of >= 5 calls
-(``nanocore.bench.timing.time_ms``), two rounds alternating off/on; the smaller median of the two is kept.
+(``nanocore.toolkit.timing.time_ms``), two rounds alternating off/on; the smaller median of the two is kept.
 """
 from __future__ import annotations
 
@@ -25,7 +25,6 @@ from pathlib import Path
 import torch
 
 from nanocore.bench.moe import environment
-from nanocore.bench.timing import capture, time_ms
 from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.distributed import ParallelContext
@@ -34,6 +33,7 @@ from nanocore.loader.presets import preset_config
 from nanocore.models import ModelBuildContext
 from nanocore.models.decoder import DecoderOptions
 from nanocore.models.qwen2_moe import SparseMoeBlock
+from nanocore.toolkit.timing import capture, time_ms
 from nanocore_triton_fused_moe import TritonFusedMoEExecutor
 
 PRESET = "Qwen1.5-MoE-A2.7B"

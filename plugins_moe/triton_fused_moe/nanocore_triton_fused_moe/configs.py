@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from nanocore.loader.default_model import cache_dir
+from nanocore.toolkit.paths import cache_dir
 
 logger = logging.getLogger("nanocore.triton_fused_moe")
 

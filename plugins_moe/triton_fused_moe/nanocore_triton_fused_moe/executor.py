@@ -6,7 +6,7 @@ from typing import ClassVar
 import torch
 
 from nanocore.interfaces import MoEExecutor, check_moe_shapes, check_options
-from nanocore.interfaces.base import triton_reason
+from nanocore.toolkit.capability import triton_reason
 from nanocore_triton_fused_moe.align import align_slots
 from nanocore_triton_fused_moe.configs import ConfigTable
 from nanocore_triton_fused_moe.reference import fused_moe_torch

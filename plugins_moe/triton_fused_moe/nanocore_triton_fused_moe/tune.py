@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from nanocore.bench.timing import time_ms
+from nanocore.toolkit.timing import time_ms
 from nanocore_triton_fused_moe.align import align_slots
 from nanocore_triton_fused_moe.configs import config_file_name, device_name, triton_version, user_config_dir
 

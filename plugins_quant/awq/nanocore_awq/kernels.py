@@ -13,15 +13,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from nanocore.kernels.quant_gemm import (DECODE_MAX_M, GemmConfig, check_splitk_rows, gemm_input_rows, split_k_for,
-                                         splitk_workspace)
-from nanocore.quant_utils import awq_dequantize
+from nanocore.toolkit.gemm import (
+    DECODE_MAX_M,
+    GemmConfig,
+    check_splitk_rows,
+    gemm_input_rows,
+    split_k_for,
+    splitk_workspace,
+)
+from nanocore.toolkit.numerics import awq_dequantize
 
 try:
     import triton
     import triton.language as tl
 
-    from nanocore.kernels.quant_gemm import grouped_tile, splitk_finish
+    from nanocore.toolkit.gemm import grouped_tile, splitk_finish
 except ImportError:  # CPU-only installs use the torch twin
     triton = None
 

@@ -11,10 +11,17 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, check_options, choice_option
-from nanocore.kernels.quant_gemm import gemm_input_rows
-from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.quant_utils import (AWQ_PACK_FACTOR, CheckpointFormatError, add_param, awq_pack, check_all_loaded,
-                                  config_option, quantizable_linears, tensor_name)
+from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.checkpoint import (
+    CheckpointFormatError,
+    add_param,
+    check_all_loaded,
+    config_option,
+    quantizable_linears,
+    tensor_name,
+)
+from nanocore.toolkit.gemm import gemm_input_rows
+from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, awq_pack
 from nanocore_awq.kernels import awq_linear_torch, awq_linear_triton
 from nanocore_awq.search import apply_awq_scales
 

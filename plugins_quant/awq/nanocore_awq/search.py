@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.quant_utils import quantize_int4_groups
+from nanocore.toolkit.numerics import quantize_int4_groups
 
 #: (producer tensor, consumers) per layer, HF Llama / Qwen names relative to ``model.layers.N``.
 FOLDS = (

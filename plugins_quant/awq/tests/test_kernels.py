@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanocore.quant_utils import awq_dequantize, awq_pack, pack_int4_awq, unpack_int4_awq
+from nanocore.toolkit.numerics import awq_dequantize, awq_pack, pack_int4_awq, unpack_int4_awq
 from nanocore_awq.kernels import awq_linear_torch
 
 
@@ -17,7 +17,7 @@ from nanocore_awq.kernels import awq_linear_torch
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_triton_kernels_match_torch_twin_in_interpreter(m, n, k, group, dtype, with_bias):
-    from nanocore.kernels.quant_gemm import DECODE_MAX_M, GemmConfig
+    from nanocore.toolkit.gemm import DECODE_MAX_M, GemmConfig
     from nanocore_awq.kernels import awq_linear_triton
     # None = the default config for the shape; then split-K (FMA and tl.dot) and tiled variants
     configs = [None, GemmConfig("splitk", 1, 16, 32, 2), GemmConfig("splitk", 16, 16, 32, 3),

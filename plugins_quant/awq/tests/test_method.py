@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 from nanocore.distributed import ParallelContext
 from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanocore.quant_utils import CheckpointFormatError, awq_dequantize, awq_pack
+from nanocore.toolkit.checkpoint import CheckpointFormatError
+from nanocore.toolkit.numerics import awq_dequantize, awq_pack
 from nanocore_awq import AWQLinearMethod
 from nanocore_awq.search import apply_awq_scales
 

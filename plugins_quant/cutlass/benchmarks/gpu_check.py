@@ -1,6 +1,6 @@
 """GPU check of ``cutlass`` on one H100/H200: compile time, numerics, and timings on Qwen2.5-7B layer shapes.
 
-Usage (repo root, after ``source nanocore/bench/gpu_setup.sh``):
+Usage (repo root, after ``source benchmarks/gpu_setup.sh``):
     python plugins_quant/cutlass/benchmarks/gpu_check.py OUTDIR [--fresh]
 
 1. Compiles the extension (timed; ``--fresh`` forces a cold build in a temporary cache, else the normal cache
@@ -45,6 +45,7 @@ def compile_section(result: dict, fresh: bool):
     if fresh:
         os.environ["NANOCORE_CACHE_DIR"] = tempfile.mkdtemp(prefix="nanocore_cutlass_cache_")
     import torch
+
     from nanocore_cutlass import CutlassFp8LinearMethod, build
 
     CutlassFp8LinearMethod.name = "cutlass"
@@ -85,6 +86,7 @@ def rel_err(y, ref) -> float:
 
 def numerics_row(extension, shape, n, k, m, weight, wq, ws):
     import torch
+
     from nanocore_cutlass.twin import fp8_scaled_mm_torch, quantize_activations
 
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16) * torch.rand(m, 1, device="cuda").add(0.1).bfloat16()
@@ -103,7 +105,8 @@ def numerics_row(extension, shape, n, k, m, weight, wq, ws):
 def timing_fns(extension, method, layer, x, weight_bf16, wq, ws):
     import torch
     import torch.nn.functional as F
-    from nanocore.quant_utils import quantize_fp8_per_row
+
+    from nanocore.toolkit.numerics import quantize_fp8_per_row
 
     xq, xs = extension.quantize_fp8_rows(x, x.shape[1], None)
     ws_row, ws_vec, xs_vec = ws.view(1, -1), ws.view(-1), xs.view(-1)
@@ -122,6 +125,7 @@ def timing_fns(extension, method, layer, x, weight_bf16, wq, ws):
 def shape_section(extension, shape, n, k, numerics: list, timings: list):
     import torch
     from triton.testing import do_bench
+
     from nanocore.bench.linear import build_layer
     from nanocore_cutlass import CutlassFp8LinearMethod
 

@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from nanocore.loader.default_model import cache_dir
+from nanocore.toolkit.paths import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
 SOURCES = ("bindings.cpp", "quantize_fp8.cu", "fp8_gemm_sm90_bf16.cu", "fp8_gemm_sm90_fp16.cu")

@@ -13,9 +13,10 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, check_options, choice_option
-from nanocore.kernels.quant_gemm import gemm_input_rows
-from nanocore.quant_utils import FP8_DTYPE, FP8_MAX, fp8_activation_scheme, quantize_checkpoint_linears, quantize_fp8_per_row
-from nanocore.quant_weights import ChannelScaledWeights
+from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
+from nanocore.toolkit.gemm import gemm_input_rows
+from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_per_row
+from nanocore.toolkit.weights import ChannelScaledWeights
 from nanocore_cutlass import build
 from nanocore_cutlass.twin import fp8_linear_twin
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.quant_utils import quantize_fp8_activations as quantize_activations
+from nanocore.toolkit.numerics import quantize_fp8_activations as quantize_activations
 
 
 def fp8_scaled_mm_torch(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,

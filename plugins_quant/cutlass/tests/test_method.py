@@ -9,7 +9,7 @@ from nanocore.distributed import ParallelContext
 from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanocore.loader.model_loader import resolve_linear_method
 from nanocore.plugins import get_registry
-from nanocore.quant_utils import CheckpointFormatError
+from nanocore.toolkit.checkpoint import CheckpointFormatError
 from nanocore_cutlass import CutlassFp8LinearMethod
 from nanocore_cutlass.method import _pad_for_tma
 from nanocore_cutlass.twin import fp8_linear_twin

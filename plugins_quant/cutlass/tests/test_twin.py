@@ -3,7 +3,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nanocore.quant_utils import FP8_MAX, quantize_fp8_per_row
+from nanocore.toolkit.numerics import FP8_MAX, quantize_fp8_per_row
 from nanocore_cutlass.twin import fp8_linear_twin, fp8_scaled_mm_torch, quantize_activations
 
 

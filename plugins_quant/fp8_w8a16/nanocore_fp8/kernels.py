@@ -1,8 +1,8 @@
-"""fp8-weight GEMMs: the Triton kernels live once in the core (``nanocore.kernels.quant_gemm``, shared with
+"""fp8-weight GEMMs: the Triton kernels live once in the core (``nanocore.toolkit.gemm``, shared with
 int8); this module names them for fp8 and keeps the torch twin beside them."""
 from __future__ import annotations
 
-from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
+from nanocore.toolkit.gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
 
 #: The torch twin: dequantize the fp8 weight, then ``F.linear``.
 fp8_linear_torch = weight_only_linear_torch

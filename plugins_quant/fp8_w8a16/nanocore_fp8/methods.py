@@ -12,11 +12,11 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, check_options, choice_option
-from nanocore.kernels.quant_gemm import gemm_input_rows
-from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.quant_utils import (FP8_DTYPE, FP8_MAX, fp8_activation_scheme, quantize_checkpoint_linears,
-                                  quantize_fp8_activations, quantize_fp8_weight)
-from nanocore.quant_weights import ChannelScaledWeights
+from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
+from nanocore.toolkit.gemm import gemm_input_rows
+from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_activations, quantize_fp8_weight
+from nanocore.toolkit.weights import ChannelScaledWeights
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
 
 _OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}

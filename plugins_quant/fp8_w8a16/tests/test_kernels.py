@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanocore.quant_utils import FP8_MAX, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.numerics import FP8_MAX, quantize_fp8_per_row, quantize_int8_per_row
 from nanocore_fp8.kernels import fp8_linear_torch
 
 
@@ -27,7 +27,7 @@ interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 
 def _interpreter_configs():
-    from nanocore.kernels.quant_gemm import GemmConfig
+    from nanocore.toolkit.gemm import GemmConfig
     return [GemmConfig("splitk", 1, 16, 32, 3), GemmConfig("splitk", 2, 8, 64, 2), GemmConfig("splitk", 16, 16, 32, 4),
             GemmConfig("splitk", 16, 32, 64, 1), GemmConfig("tiled", 16, 16, 32), GemmConfig("tiled", 32, 32, 16)]
 
@@ -36,8 +36,8 @@ def _interpreter_configs():
 @pytest.mark.parametrize("m,n,k", [(1, 40, 200), (2, 33, 130), (13, 24, 96), (20, 48, 160)])
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 def test_kernel_variants_match_twin_in_triton_interpreter(m, n, k, quantize):
-    from nanocore.kernels import quant_gemm
-    from nanocore.kernels.quant_gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
+    from nanocore.toolkit import gemm as quant_gemm
+    from nanocore.toolkit.gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
     torch.manual_seed(m * 1000 + n)
     q, scale = quantize(torch.randn(n, k) * 0.3)
     x, bias = torch.randn(m, k), torch.randn(n)
@@ -54,7 +54,7 @@ def test_kernel_variants_match_twin_in_triton_interpreter(m, n, k, quantize):
 @interpreter
 @pytest.mark.parametrize("m,n,k", [(17, 24, 64), (40, 40, 96)])
 def test_int8_x_int8_in_triton_interpreter(m, n, k):
-    from nanocore.kernels.quant_gemm import GemmConfig, int8_scaled_linear
+    from nanocore.toolkit.gemm import GemmConfig, int8_scaled_linear
     torch.manual_seed(m)
     w, ws = quantize_int8_per_row(torch.randn(n, k))
     xq, xs = quantize_int8_per_row(torch.randn(m, k))
@@ -74,8 +74,9 @@ def _tune_configs():
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 @pytest.mark.parametrize("native", [True, False])
 def test_every_tuned_variant_on_cuda(quantize, native):
-    from nanocore.kernels.quant_gemm import weight_only_linear, weight_only_linear_torch
     import dataclasses
+
+    from nanocore.toolkit.gemm import weight_only_linear, weight_only_linear_torch
     torch.manual_seed(0)
     q, scale = quantize(torch.randn(384, 1024, device="cuda"))
     bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
@@ -94,7 +95,7 @@ def test_every_tuned_variant_on_cuda(quantize, native):
 
 @pytest.mark.cuda
 def test_int8_x_int8_on_cuda():
-    from nanocore.kernels.quant_gemm import int8_scaled_linear
+    from nanocore.toolkit.gemm import int8_scaled_linear
     _, configs = _tune_configs()
     w, ws = quantize_int8_per_row(torch.randn(256, 512, device="cuda"))
     for m in (17, 300):
@@ -107,7 +108,7 @@ def test_int8_x_int8_on_cuda():
 
 @pytest.mark.cuda
 def test_split_k_decode_replays_in_a_cuda_graph():
-    from nanocore.kernels.quant_gemm import GemmConfig, weight_only_linear, weight_only_linear_torch
+    from nanocore.toolkit.gemm import GemmConfig, weight_only_linear, weight_only_linear_torch
     q, scale = quantize_fp8_per_row(torch.randn(512, 2048, device="cuda"))
     x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
     cfg = GemmConfig("splitk", 1, 32, 256, split_k=4)

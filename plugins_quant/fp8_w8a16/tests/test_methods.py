@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 from nanocore.distributed import ParallelContext
 from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanocore.quant_utils import CheckpointFormatError, quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight
+from nanocore.toolkit.checkpoint import CheckpointFormatError
+from nanocore.toolkit.numerics import quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight
 from nanocore_fp8 import Fp8W8A8LinearMethod, Fp8W8A16LinearMethod
 
 METHODS = [Fp8W8A16LinearMethod, Fp8W8A8LinearMethod]

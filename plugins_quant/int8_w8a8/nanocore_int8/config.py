@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nanocore.quant_utils import CheckpointFormatError
+from nanocore.toolkit.checkpoint import CheckpointFormatError
 
 
 def compressed_tensors_config(scheme: str) -> dict[str, Any]:

@@ -12,11 +12,17 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, check_options, choice_option
-from nanocore.interfaces.base import cuda_capability_reason, triton_reason
-from nanocore.kernels.quant_gemm import (DECODE_MAX_M, gemm_input_rows, int8_scaled_linear, weight_only_linear,
-                                         weight_only_linear_torch)
-from nanocore.quant_utils import INT8_MAX, CheckpointFormatError, quantize_checkpoint_linears, quantize_int8, quantize_int8_per_row
-from nanocore.quant_weights import ChannelScaledWeights
+from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.checkpoint import CheckpointFormatError, quantize_checkpoint_linears
+from nanocore.toolkit.gemm import (
+    DECODE_MAX_M,
+    gemm_input_rows,
+    int8_scaled_linear,
+    weight_only_linear,
+    weight_only_linear_torch,
+)
+from nanocore.toolkit.numerics import INT8_MAX, quantize_int8, quantize_int8_per_row
+from nanocore.toolkit.weights import ChannelScaledWeights
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
 
 _OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict}

@@ -5,7 +5,7 @@ import torch.nn.functional as F
 
 from nanocore.distributed import ParallelContext
 from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
-from nanocore.quant_utils import CheckpointFormatError
+from nanocore.toolkit.checkpoint import CheckpointFormatError
 from nanocore_int8 import Int8W8A8LinearMethod, Int8W8A16LinearMethod
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config
 
