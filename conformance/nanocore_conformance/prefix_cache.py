@@ -1,163 +1,187 @@
-"""PrefixCacheConformance: a stateful test driving the cache like the BlockManager, against a dict model.
+"""PrefixCacheConformance: fixed scenarios for each contract rule, then a stateful run against ground truth.
 
-The machine owns ref counts and the free list (as the BlockManager does) and a reference model of
-what may be cached: ``prefix tuple -> block``, first publisher wins. The cache may cache less than the
-model (``none`` caches nothing) but never something else; blocks it kept (``release`` returned True)
-must be matched again and are the only ones ``evict`` may return.
+The scenarios use realistic block sizes (16 and 32 tokens) and documents of many blocks; each one follows
+the BlockManager's protocol (insert computed blocks while referenced, release at reference count 0,
+acquire what ``match`` returned) and checks one rule deterministically. A cache may cache less than it was
+given (``none`` caches nothing) but never return a block that does not hold exactly the queried prefix.
+The stateful run (``prefix_cache_machine``) mixes all operations under memory pressure.
 """
 from __future__ import annotations
 
-from typing import Callable, ClassVar
+import random
+from typing import ClassVar
 
 from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import run_state_machine_as_test
 
 from nanocore_conformance.base import MAX_EXAMPLES
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.prefix_cache_machine import VOCAB, BlockManagerModel
 
-ALPHABET = st.integers(0, 2)  # few token values, so prefixes collide often
+SCENARIO_BLOCKS = 64
 
 
-class BlockManagerModel(RuleBasedStateMachine):
-    """Subclassed per test with ``make_cache``, ``block_size`` and ``num_blocks`` set."""
+def document(seed: int, num_tokens: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(1, VOCAB) for _ in range(num_tokens)]
 
-    make_cache: Callable = None
-    block_size = 2
-    num_blocks = 6
 
-    def __init__(self):
-        super().__init__()
-        self.cache = self.make_cache()
-        self.ref = {b: 0 for b in range(self.num_blocks)}
-        self.free = set(range(self.num_blocks))
-        self.published: dict[tuple, int] = {}  # prefix -> block the cache may hold for it
-        self.prefix_of: dict[int, tuple] = {}
-        self.kept: set[int] = set()  # release() returned True and not evicted since
-        self.evictable: set[int] = set()
-        self.seqs: list[tuple[list[int], list[int]]] = []  # (tokens, blocks), oldest first
+def changed(tokens: list[int], position: int) -> list[int]:
+    """``tokens`` with one token replaced: a sibling sharing everything before ``position``."""
+    return tokens[:position] + [(tokens[position] + 1) % VOCAB] + tokens[position + 1:]
 
-    def _prefix(self, tokens, i):
-        return tuple(tokens[:(i + 1) * self.block_size])
 
-    def _check_match(self, tokens, matched):
-        assert len(matched) * self.block_size <= len(tokens), f"match returned {len(matched)} blocks for {len(tokens)} tokens (full blocks only)"
-        assert len(set(matched)) == len(matched), f"match returned a block twice: {matched}"
-        for i, block in enumerate(matched):
-            expected = self.published.get(self._prefix(tokens, i))
-            assert block == expected, (
-                f"match({tokens}) returned block {block} at position {i}, but the cache may only hold "
-                f"{expected} for that prefix (blocks after eviction or release->False are gone)")
-        required = 0  # leading blocks the cache said it keeps must be matched
-        while required * self.block_size + self.block_size <= len(tokens):
-            block = self.published.get(self._prefix(tokens, required))
-            if block is None or block not in self.kept:
-                break
-            required += 1
-        assert len(matched) >= required, (
-            f"match({tokens}) returned {len(matched)} blocks but the cache kept the first {required} "
-            f"(release returned True for them)")
+def offsets_in_block(block_size: int) -> list[int]:
+    return sorted({0, 1, block_size // 2, block_size - 1})
 
-    def _allocate(self) -> int | None:
-        if self.free:
-            return self.free.pop()
-        block = self.cache.evict()
-        self._check_evicted(block)
-        return block
 
-    def _check_evicted(self, block):
-        if not self.evictable:
-            assert block is None, f"evict() returned {block} but no cached block is unreferenced"
-            return
-        assert block is not None, f"evict() returned None while blocks {sorted(self.evictable)} are evictable"
-        assert block in self.evictable, f"evict() returned {block}, which is referenced or not cached (evictable: {sorted(self.evictable)})"
-        self.evictable.discard(block)
-        self.kept.discard(block)
-        self.published.pop(self.prefix_of.pop(block), None)
+def check_hits(cache, tokens: list[int], allowed: list[int], at_most: int, why: str) -> list[int]:
+    """``match(tokens)`` returns a prefix of ``allowed`` of at most ``at_most`` blocks."""
+    hits = list(cache.match(tokens))
+    assert len(hits) <= at_most and hits == list(allowed[:len(hits)]), (
+        f"match() returned blocks {hits}, but only a prefix of {list(allowed[:at_most])} holds these tokens' KV "
+        f"({why})")
+    return hits
 
-    @rule(tokens=st.lists(ALPHABET, max_size=9), data=st.data())
-    def start_sequence(self, tokens, data):
-        matched = self.cache.match(tokens)
-        self._check_match(tokens, matched)
-        for block in matched:
-            if self.ref[block] == 0:
-                self.evictable.discard(block)
-                self.cache.acquire(block)
-            self.ref[block] += 1
-        blocks = list(matched)
-        for _ in range(len(tokens) // self.block_size - len(matched)):
-            block = self._allocate()
-            if block is None:
-                break  # out of KV blocks: the sequence keeps what it has
-            self.ref[block] += 1
-            blocks.append(block)
-        self.seqs.append((tokens, blocks))
-        self._insert(tokens, blocks, data.draw(st.integers(len(matched), len(blocks))))
 
-    def _insert(self, tokens, blocks, num_computed):
-        self.cache.insert(tokens, blocks[:num_computed])
-        for i, block in enumerate(blocks[:num_computed]):
-            prefix = self._prefix(tokens, i)
-            if prefix not in self.published and block not in self.prefix_of:
-                self.published[prefix] = block
-                self.prefix_of[block] = prefix
-
-    @precondition(lambda self: self.seqs)
-    @rule(data=st.data())
-    def compute_rest(self, data):
-        tokens, blocks = self.seqs[data.draw(st.integers(0, len(self.seqs) - 1))]
-        self._insert(tokens, blocks, len(blocks))
-
-    @precondition(lambda self: self.seqs)
-    @rule(data=st.data())
-    def finish_sequence(self, data):
-        tokens, blocks = self.seqs.pop(data.draw(st.integers(0, len(self.seqs) - 1)))
-        for block in reversed(blocks):  # tail blocks first, as the BlockManager frees them
-            self.ref[block] -= 1
-            if self.ref[block]:
-                continue
-            if self.cache.release(block):
-                assert block in self.prefix_of, f"release({block}) returned True for a block that holds no published prefix"
-                self.kept.add(block)
-                self.evictable.add(block)
-            else:
-                self.kept.discard(block)
-                self.published.pop(self.prefix_of.pop(block, None), None)
-                self.free.add(block)
-
-    @rule()
-    def evict_one(self):
-        block = self.cache.evict()
-        self._check_evicted(block)
-        if block is not None:
-            self.free.add(block)
-
-    @rule(tokens=st.lists(ALPHABET, max_size=9))
-    def match_only(self, tokens):
-        self._check_match(tokens, self.cache.match(tokens))
-
-    @invariant()
-    def stats_are_numbers(self):
-        stats = self.cache.stats()
-        assert isinstance(stats, dict) and all(isinstance(v, (int, float)) for v in stats.values()), (
-            f"stats() must return a dict of numbers, got {stats!r}")
+def release_all(cache, blocks: list[int]) -> list[bool]:
+    return [cache.release(b) for b in reversed(blocks)][::-1]  # tail first, as the BlockManager frees
 
 
 class PrefixCacheConformance(BackendContractConformance):
     kind = "prefix_cache"
-    block_sizes: ClassVar[tuple[int, ...]] = (1, 2, 4)
-    num_blocks: ClassVar[int] = 6
-    stateful_steps: ClassVar[int] = 40
+    #: Block sizes of the fixed scenarios and the stateful run (the engine's default is 16).
+    block_sizes: ClassVar[tuple[int, ...]] = (16, 32)
+    #: Blocks of the stateful run's KV pool (small: evictions are frequent) and of one sequence there.
+    num_blocks: ClassVar[int] = 14
+    max_seq_blocks: ClassVar[int] = 6
+    stateful_steps: ClassVar[int] = 30
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)
         assert (cache.block_size, cache.num_blocks) == (16, 8), "call PrefixCache.__init__(block_size, num_blocks, options)"
 
-    def test_stateful_against_reference_model(self, backend_cls, backend_options):
+    def test_match_stops_at_the_first_changed_token(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache, tokens = backend_cls(bs, SCENARIO_BLOCKS, backend_options), document(bs, 5 * bs + 3)
+            blocks = list(range(10, 15))
+            cache.insert(tokens, blocks)
+            for state in ("referenced", "released"):
+                check_hits(cache, tokens + document(1, 2 * bs), blocks, 5, f"{state}: a query longer than what "
+                           f"was inserted matches at most the inserted blocks")
+                for i in range(5):
+                    check_hits(cache, tokens[:i * bs + bs - 1], blocks, i,
+                               f"{state}: a partial last block never matches")
+                    for offset in offsets_in_block(bs):
+                        check_hits(cache, changed(tokens, i * bs + offset), blocks, i,
+                                   f"{state}: token {i * bs + offset} (offset {offset} in block {i}) differs; a "
+                                   f"block's key must cover all {bs} of its tokens and its whole prefix")
+                if state == "referenced" and all(release_all(cache, blocks)):
+                    assert check_hits(cache, tokens, blocks, 5, "kept") == blocks, (
+                        "release() returned True for every block (kept), so match() must return all of them")
+
+    def test_blocks_are_chained_to_their_whole_prefix(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache, tokens = backend_cls(bs, SCENARIO_BLOCKS, backend_options), document(bs + 1, 4 * bs)
+            variants = [tokens] + [changed(tokens, i * bs + bs // 2) for i in range(3)]  # same later blocks
+            tables = [[0, 1, 2, 3]]
+            cache.insert(tokens, tables[0])
+            for i, variant in enumerate(variants[1:]):
+                shared = check_hits(cache, variant, tables[0], i, "the first tokens that differ are in block "
+                                    f"{i}; the blocks after it hold the same tokens but after another prefix")
+                tables.append(shared + list(range(10 * (i + 1) + len(shared), 10 * (i + 1) + 4)))
+                cache.insert(variant, tables[-1])
+            for variant, table in zip(variants, tables):
+                check_hits(cache, variant, table, 4, "equal blocks after different prefixes are different "
+                           "blocks: chain each block's key to its parent's")
+
+    def test_siblings_are_distinct(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache, tokens = backend_cls(bs, SCENARIO_BLOCKS, backend_options), document(bs + 2, 3 * bs)
+            cache.insert(tokens, [0, 1, 2])
+            siblings = [changed(tokens, 2 * bs + offset) for offset in offsets_in_block(bs)]
+            tables = [[0, 1, 2]]
+            for i, sibling in enumerate(siblings):
+                shared = check_hits(cache, sibling, [0, 1], 2, f"sibling {i} differs inside block 2")
+                table = shared + list(range(10 + 3 * i + len(shared), 10 + 3 * i + 3))
+                cache.insert(sibling, table)
+                tables.append(table)
+            for sibling, table in zip([tokens, *siblings], tables):
+                check_hits(cache, sibling, table, 3, "siblings sharing their first tokens (or all but the last) "
+                           "are different children")
+
+    def test_acquired_blocks_are_never_evicted(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache = backend_cls(bs, SCENARIO_BLOCKS, backend_options)
+            first, second = document(bs + 3, 4 * bs), document(bs + 4, 4 * bs)
+            cache.insert(first, [0, 1, 2, 3])
+            cache.insert(second, [4, 5, 6, 7])
+            kept = {b for b, k in zip(range(8), release_all(cache, [0, 1, 2, 3]) + release_all(cache, [4, 5, 6, 7]))
+                    if k}
+            acquired = check_hits(cache, first, [0, 1, 2, 3], 4, "all released")
+            for block in acquired:  # a new sequence reuses the first document's blocks
+                cache.acquire(block)
+            evicted = self._evict_until_none(cache, kept)
+            assert not set(acquired) & set(evicted), (
+                f"evict() returned blocks {sorted(set(acquired) & set(evicted))}, which match() returned and the "
+                f"BlockManager then acquire()d; an acquired block must not be evicted until released again")
+            assert set(evicted) == kept - set(acquired), (
+                f"evict() returned None after blocks {evicted}, but released kept blocks "
+                f"{sorted(kept - set(acquired) - set(evicted))} remain evictable")
+
+    def test_blocks_in_use_are_never_evicted(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache, tokens = backend_cls(bs, SCENARIO_BLOCKS, backend_options), document(bs + 5, 4 * bs)
+            cache.insert(tokens, [0, 1, 2, 3])
+            block = cache.evict()
+            assert block is None, (
+                f"evict() returned block {block}, but every cached block is still referenced (inserted, never "
+                f"released); only blocks released (and not acquired since) may be evicted")
+            kept = cache.release(3)
+            evicted = self._evict_until_none(cache, {3} if kept else set())
+            assert evicted == ([3] if kept else []), (
+                f"only block 3 was released, but evict() returned {evicted}")
+
+    def test_evicted_blocks_are_forgotten(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache, tokens = backend_cls(bs, SCENARIO_BLOCKS, backend_options), document(bs + 6, 4 * bs)
+            cache.insert(tokens, [0, 1, 2, 3])
+            kept = {b for b, k in zip(range(4), release_all(cache, [0, 1, 2, 3])) if k}
+            evicted = self._evict_until_none(cache, kept)
+            hits = cache.match(tokens)
+            assert not hits, (
+                f"match() returned blocks {hits} after evict() returned blocks {evicted} and the others went "
+                f"back to the free list (release returned False); evict must forget the block it returns")
+            for block in range(4):  # reused for other tokens
+                other = document(bs + 7 + block, bs)
+                cache.insert(other, [block])
+                check_hits(cache, other, [block], 1, f"block {block} now holds these tokens")
+            check_hits(cache, tokens, [], 0, "every block of these tokens was evicted and now holds other tokens")
+
+    def test_release_of_an_uncached_block_is_false(self, backend_cls, backend_options):
+        for bs in self.block_sizes:
+            cache, tokens = backend_cls(bs, SCENARIO_BLOCKS, backend_options), document(bs + 8, 3 * bs)
+            cache.insert(tokens, [0, 1])
+            for block in (5, 2):  # never inserted; allocated but not computed yet
+                assert cache.release(block) is False, (
+                    f"release({block}) returned True for a block never inserted; return False for blocks the "
+                    f"cache does not hold (the BlockManager puts them on the free list), True only for cached ones")
+
+    def test_stateful_against_ground_truth(self, backend_cls, backend_options):
         for block_size in self.block_sizes:
             machine = type("PrefixCacheMachine", (BlockManagerModel,), {
                 "make_cache": staticmethod(lambda bs=block_size: backend_cls(bs, self.num_blocks, backend_options)),
-                "block_size": block_size, "num_blocks": self.num_blocks,
+                "block_size": block_size, "num_blocks": self.num_blocks, "max_seq_blocks": self.max_seq_blocks,
             })
             run_state_machine_as_test(machine, settings=settings(
                 max_examples=MAX_EXAMPLES, stateful_step_count=self.stateful_steps, deadline=None))
+
+    @staticmethod
+    def _evict_until_none(cache, kept: set[int]) -> list[int]:
+        evicted = []
+        while (block := cache.evict()) is not None:
+            assert block in kept and block not in evicted, (
+                f"evict() returned block {block}, which the cache does not keep (released blocks it kept: "
+                f"{sorted(kept)}, evicted so far: {evicted})")
+            evicted.append(block)
+        return evicted
