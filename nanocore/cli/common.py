@@ -72,6 +72,24 @@ def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in fields.items() if v is not None}
 
 
+def config_error_lines(exc) -> list[str]:
+    """A pydantic ValidationError of EngineConfig as one line per problem, naming the three places to fix it."""
+    lines = []
+    for error in exc.errors():
+        field = ".".join(str(part) for part in error.get("loc", ())) or "config"
+        message = str(error.get("msg", "")).removeprefix("Value error, ")
+        if error.get("type") != "value_error":  # our own validators already quote the value and say what to do
+            message += f", got {error.get('input')!r}"
+        name = field.split(".")[0]
+        if error.get("type") == "extra_forbidden":
+            lines.append(f"{field}: not an engine field (from the --config file or NANOCORE_{name.upper()}); remove "
+                         f"it, or see 'nanocore generate --help' for the fields")
+            continue
+        where = f"--{name.replace('_', '-')}, '{name}' in the --config file or NANOCORE_{name.upper()}"
+        lines.append(f"{field}: {message} (set by {where})")
+    return lines
+
+
 def engine_config_from_args(args: argparse.Namespace, **extra: Any):
     """EngineConfig from ``--config``, ``NANOCORE_*`` and the flags (``extra`` overrides all)."""
     from nanocore.config import EngineConfig

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 #: Subcommand modules; each defines ``register(subparsers)`` which sets ``func(args) -> int``.
@@ -46,12 +47,27 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `nanocore plugins | head`: the reader left; stop quietly like other CLI tools
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not fail too
+        return 141
     except (ValueError, FileNotFoundError, RuntimeError) as exc:
         # user errors (bad backend names, parameters, checkpoints) get a message, not a traceback
         if args.verbose:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        for line in error_lines(exc):
+            print(f"error: {line}", file=sys.stderr)
         return 1
+
+
+def error_lines(exc: Exception) -> list[str]:
+    """A config validation error as one line per problem (not pydantic's block with its URLs); else the message."""
+    from pydantic import ValidationError
+
+    from nanocore.cli.common import config_error_lines
+
+    if isinstance(exc, ValidationError):
+        return config_error_lines(exc)
+    return [str(exc)]
 
 
 if __name__ == "__main__":

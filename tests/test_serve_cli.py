@@ -1,0 +1,92 @@
+"""`nanocore serve` as a user starts it (a subprocess: flags, TOML, env, SIGTERM) and the CLI errors it shares."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from nanocore.cli.main import main
+from nanocore.serve.server import free_port
+
+CLI = [sys.executable, "-m", "nanocore.cli.main"]
+TINY = ["--model", "dummy:tiny-qwen2", "--device", "cpu"]
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read()
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.2)
+    raise AssertionError("the server did not become healthy")
+
+
+def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path):
+    """--kv-codec int8 (flag), scheduler_policy (TOML), prefix_cache (env) reach /version; SIGTERM lets a running
+    stream finish, then the process ends (uvicorn re-raises the signal after its graceful shutdown)."""
+    config = tmp_path / "engine.toml"
+    config.write_text('scheduler_policy = "decode_first"\nnum_kv_blocks = 64\n')
+    port = free_port()
+    env = {**os.environ, "NANOCORE_PREFIX_CACHE": "radix"}
+    proc = subprocess.Popen([*CLI, "serve", *TINY, "--kv-codec", "int8", "--config", str(config), "--port", str(port),
+                             "--drain-timeout", "30", "--log-level", "warning"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(url, proc)
+        backends = httpx.get(f"{url}/version").json()["backends"]
+        assert backends == {"linear_method": "unquantized", "kv_codec": "int8", "moe_executor": None,
+                            "prefix_cache": "radix", "scheduler_policy": "decode_first"}
+        body = {"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True, "stream": True,
+                "stream_options": {"include_usage": True}}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            events = response.iter_lines()
+            assert next(events).startswith("data: ")
+            proc.send_signal(signal.SIGTERM)
+            payloads = [line[6:] for line in events if line.startswith("data: ")]
+        assert payloads[-1] == "[DONE]" and json.loads(payloads[-2])["usage"]["completion_tokens"] == 200
+        assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
+        assert "Traceback" not in proc.stdout.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_config_errors_print_one_clean_line_per_problem(capsys):
+    assert main(["generate", "--prompt", "x", "--block-size", "7", "--max-num-seqs", "0"]) == 1
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("error: ") for line in lines)
+    assert "block_size must be a power of two" in lines[1] and "--block-size" in lines[1]
+    assert "max_num_seqs" in lines[0] and "got 0" in lines[0]
+    assert "pydantic" not in "".join(lines)
+
+
+def test_serve_config_error_before_loading(capsys):
+    assert main(["serve", "--block-size", "7"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: block_size: block_size must be a power of two (16, 32, 64 are typical), got 7 "
+        "(set by --block-size, 'block_size' in the --config file or NANOCORE_BLOCK_SIZE)"]
+
+
+def test_plugins_into_a_closed_pipe_exits_quietly():
+    proc = subprocess.Popen([*CLI, "plugins", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()  # like `| head` leaving before the output is written
+    stderr = proc.stderr.read()
+    assert proc.wait(timeout=120) == 141
+    assert "Traceback" not in stderr and "BrokenPipe" not in stderr
+
+
+def test_text_prompt_without_tokenizer_is_clean_at_tp2():
+    result = subprocess.run([*CLI, "generate", *TINY, "--num-kv-blocks", "16", "--tensor-parallel-size", "2",
+                             "--prompt", "hello"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1
+    assert "no tokenizer" in result.stderr and "Traceback" not in result.stderr, result.stderr
