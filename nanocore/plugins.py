@@ -6,10 +6,16 @@ Rules (each has a test in tests/test_plugins.py):
 - A plugin that fails to import (or whose hook raises) is recorded with its error and skipped.
 - Two distributions registering one name for one kind is an error naming both, raised when that
   name is used; ``"distribution:name"`` picks one explicitly.
-- A backend whose ``api_version`` major differs from the core's is refused with both versions.
+- Compatibility comes from what the plugin declares: an ``api_version`` set on its own class (not inherited from
+  nanocore's classes), and its distribution's requirement on ``nanocore``. Another major version, a newer minor
+  than this core implements, or a requirement this nanocore does not meet is refused with a message; a plugin
+  that declares neither loads with a warning.
 - ``resolve(kind, "auto", device)`` picks the highest ``auto_priority`` backend whose
   ``supports(device)`` passes and logs what it chose; an explicit unsupported name fails with the reason.
 - Loading is idempotent, and every process (TP workers too) loads from entry points itself.
+- ``build(kind, name, device, options, **context)`` is the one place backends are constructed:
+  ``cls(*context, options=options)`` (context: ``block_size, num_blocks`` for prefix caches, positional as the
+  interface's constructor lists them), logged once per backend.
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ import pluggy
 import torch
 
 from nanocore import hookspecs
-from nanocore.interfaces import API_VERSION, KINDS, Backend
+from nanocore.interfaces import KINDS, Backend
+from nanocore.interfaces.base import INJECTED_OPTIONS
+from nanocore.plugin_versions import compatibility_problem
 
 if sys.version_info >= (3, 12):
     from importlib.metadata import entry_points, version as dist_version
@@ -73,6 +81,7 @@ class Registry:
     refused: dict[str, dict[str, str]] = field(default_factory=dict)
     failures: list[PluginFailure] = field(default_factory=list)
     plugin_manager: pluggy.PluginManager | None = None
+    logged: set = field(default_factory=set)  # backends whose construction -v has reported
 
     # ---- loading -------------------------------------------------------------------------
     @classmethod
@@ -84,6 +93,7 @@ class Registry:
         from nanocore import builtin
 
         sources: dict[str, tuple[str, str]] = {}  # plugin name -> (distribution, version)
+        requirements: dict[str, list[str]] = {}  # plugin name -> its distribution's requirements
         pm.register(builtin, name="builtin")
         sources["builtin"] = (builtin.BUILTIN_DISTRIBUTION, _version_of("nanocore"))
         allow = _env_list("NANOCORE_PLUGINS")
@@ -107,13 +117,14 @@ class Registry:
                 logger.warning("plugin %s from %s failed to load: %s", ep.name, dist_name, exc)
                 continue
             sources[plugin_name] = (dist_name, dist_ver)
+            requirements[plugin_name] = list(getattr(getattr(ep, "dist", None), "requires", None) or [])
         for kind, (interface, hook_name) in KINDS.items():
             for impl in getattr(pm.hook, hook_name).get_hookimpls():
                 distribution, version = sources[impl.plugin_name]
-                registry._collect(kind, interface, impl, distribution, version)
+                registry._collect(kind, interface, impl, distribution, version, requirements.get(impl.plugin_name))
         return registry
 
-    def _collect(self, kind, interface, impl, distribution, version) -> None:
+    def _collect(self, kind, interface, impl, distribution, version, requires: list[str] | None) -> None:
         try:
             backends = impl.function() or {}
         except Exception as exc:
@@ -121,6 +132,8 @@ class Registry:
             return
         for name, cls in backends.items():
             reason = _refusal_reason(kind, interface, name, cls, impl.plugin_name)
+            if reason is None and requires is not None:  # builtins (requires None) are the core itself
+                reason = compatibility_problem(kind, name, cls, impl.plugin_name, distribution, requires)
             if reason:
                 self.refused[kind][name] = reason
                 logger.warning(reason)
@@ -177,6 +190,22 @@ class Registry:
             skipped.append(f"{entry.name}: {reason}")
         raise BackendError(f"no installed {kind} supports {device}: {'; '.join(skipped) or 'none installed'}")
 
+    def build(self, kind: str, name: str, device: torch.device | str, options: dict[str, Any] | None = None,
+              *context: Any) -> Backend:
+        """Resolve ``name`` (or ``auto``) for ``device`` and construct it: ``cls(*context, options=options)``."""
+        return self.instantiate(self.resolve(kind, name, device), options, *context)
+
+    def instantiate(self, entry: BackendEntry, options: dict[str, Any] | None = None, *context: Any) -> Backend:
+        """Construct a resolved entry with the one calling convention; log the choice once per backend."""
+        options = dict(options or {})
+        shown = {k: v for k, v in options.items() if k not in INJECTED_OPTIONS}
+        key = (entry.kind, entry.qualified_name, repr(sorted(shown.items())))
+        if key not in self.logged:
+            self.logged.add(key)
+            logger.info("%s: %r from %s %s%s", entry.kind, entry.name, entry.distribution, entry.version,
+                        f" with options {shown}" if shown else "")
+        return entry.cls(*context, options=options)
+
     def rows(self, device: torch.device | str = "cpu") -> list[dict[str, Any]]:
         """One dict per backend (and refusal), as printed by ``nanocore plugins``."""
         device = torch.device(device)
@@ -226,10 +255,6 @@ def unknown_name_message(kind: str, name: str, installed: list[str]) -> str:
 def _refusal_reason(kind, interface, name, cls, plugin) -> str | None:
     if not (isinstance(cls, type) and issubclass(cls, interface)):
         return f"plugin {plugin!r} registers {kind} {name!r} as {cls!r}, which does not subclass nanocore.interfaces.{interface.__name__}"
-    declared = str(getattr(cls, "api_version", ""))
-    if declared.split(".")[0] != API_VERSION.split(".")[0]:
-        return (f"plugin {plugin!r} {kind} {name!r} declares api_version {declared!r} but this nanocore "
-                f"implements api_version {API_VERSION!r} (major versions must match); upgrade the plugin or nanocore")
     return None
 
 

@@ -1,15 +1,15 @@
 """The public plugin surface holds: import-linter's contracts (pyproject.toml) and an AST scan of every plugin."""
 from __future__ import annotations
 
-import ast
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from nanocore_conformance.surface import PUBLIC_SURFACE, imports_outside_surface, nanocore_imports
+
 ROOT = Path(__file__).resolve().parents[1]
-PUBLIC = ("nanocore.hookspecs", "nanocore.interfaces", "nanocore.toolkit", "nanocore.hookimpl", "nanocore.API_VERSION")
 PLUGIN_PACKAGES = sorted(p for p in ROOT.glob("plugins*/*/nanocore_*") if p.is_dir() and not p.name.endswith("egg-info"))
 
 
@@ -20,27 +20,12 @@ def test_import_linter_contracts_are_kept():
     assert "0 broken" in result.stdout
 
 
-def nanocore_imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every ``import nanocore...`` / ``from nanocore... import`` in a file, lazy ones included."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names if a.name.split(".")[0] == "nanocore"]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "nanocore":
-            # "from nanocore import hookimpl": the name itself is what is imported
-            modules = [f"{node.module}.{a.name}" for a in node.names] if node.module == "nanocore" else [node.module]
-            found += [(node.lineno, m) for m in modules]
-    return found
-
-
 @pytest.mark.parametrize("package", PLUGIN_PACKAGES, ids=lambda p: p.name)
 def test_plugin_imports_only_the_public_surface(package):
     """Also catches a new internal module that the import-linter list does not name yet."""
     assert PLUGIN_PACKAGES, "no plugin packages found"
-    bad = [f"{path.relative_to(ROOT)}:{line} imports {module}"
-           for path in sorted(package.rglob("*.py")) for line, module in nanocore_imports(path)
-           if not any(module == p or module.startswith(p + ".") for p in PUBLIC)]
-    assert not bad, ("plugins may import only " + ", ".join(PUBLIC) + " from nanocore (docs/internals.md, "
+    bad = imports_outside_surface(package)
+    assert not bad, ("plugins may import only " + ", ".join(PUBLIC_SURFACE) + " from nanocore (docs/internals.md, "
                      "'The public plugin surface'); move what you need into nanocore.toolkit:\n" + "\n".join(bad))
 
 

@@ -23,7 +23,7 @@ def run(*cmd, env=None, cwd=None, timeout=600):
 def installed_plugins(tmp_path_factory):
     """One generated plugin per kind, pip-installed into a target folder (the shared venv stays clean)."""
     base = tmp_path_factory.mktemp("scaffold")
-    roots = [write_plugin(f"scaffolded_{kind}", kind, base / "src") for kind in KINDS]
+    roots = [write_plugin(f"scaffolded_{kind}", kind, base / "src" / kind) for kind in KINDS]
     target = base / "site"
     run(sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
         "--target", str(target), *map(str, roots))
@@ -33,9 +33,10 @@ def installed_plugins(tmp_path_factory):
     return roots, env
 
 
-def test_generated_layout(tmp_path):
-    root = write_plugin("my_codec", "kv_codec", tmp_path)
-    assert root.name == "nanocore-my-codec"
+def test_generated_layout(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    root = write_plugin("my_codec", "kv_codec")  # default folder: ./nanocore-my-codec
+    assert root.resolve() == tmp_path / "nanocore-my-codec"
     pyproject = (root / "pyproject.toml").read_text()
     assert '[project.entry-points.nanocore]\nmy_codec = "nanocore_my_codec.plugin"' in pyproject
     assert "@hookimpl\ndef nanocore_kv_codecs():" in (root / "nanocore_my_codec" / "plugin.py").read_text()
@@ -43,7 +44,9 @@ def test_generated_layout(tmp_path):
     assert "STUB" in backend and "class MyCodecKVCodec(KVCodec):" in backend
     test = (root / "tests" / "test_conformance.py").read_text()
     assert "class TestMyCodecKVCodec(KVCodecConformance):" in test and 'backend = "my_codec"' in test
-    assert (root / "README.md").is_file()
+    readme = (root / "README.md").read_text()
+    assert "## What to fill in" in readme and "nanocore.interfaces.kv_codec" in readme
+    assert 'dependencies = ["nanocore>=' in pyproject  # the API major it targets, checked by the registry
     for path in root.rglob("*.py"):
         compile(path.read_text(), str(path), "exec")
 
@@ -84,5 +87,21 @@ def test_bad_names_are_refused(tmp_path, capsys, name, kind, message):
 
 def test_existing_folder_is_not_overwritten(tmp_path):
     write_plugin("twice", "scheduler_policy", tmp_path)
-    with pytest.raises(FileExistsError, match="already exists"):
+    with pytest.raises(ValueError, match="already exists"):
         write_plugin("twice", "scheduler_policy", tmp_path)
+
+
+def test_dir_is_the_distribution_folder(tmp_path, capsys):
+    """The README's two lines: `plugin new ... --dir D` then `pip install -e D` (D holds pyproject.toml)."""
+    target = tmp_path / "nanocore-my-codec"
+    assert main(["plugin", "new", "my_codec", "--kind", "kv_codec", "--dir", str(target)]) == 0
+    assert (target / "pyproject.toml").is_file() and (target / "nanocore_my_codec" / "backend.py").is_file()
+    assert f"pip install -e '{target}[test]'" in capsys.readouterr().out
+    assert main(["plugin", "new", "my_codec", "--kind", "kv_codec", "--dir", str(target)]) == 1  # not empty
+
+
+def test_generated_backends_use_only_the_public_surface(tmp_path):
+    from nanocore_conformance.surface import imports_outside_surface
+    for kind in KINDS:
+        root = write_plugin(f"pub_{kind}", kind, tmp_path / kind)
+        assert imports_outside_surface(root) == []

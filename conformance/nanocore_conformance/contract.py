@@ -7,6 +7,7 @@ import torch
 from nanocore.interfaces import KINDS
 from nanocore.plugins import ENTRY_POINT_GROUP, entry_points, get_registry
 from nanocore_conformance.base import BackendConformance
+from nanocore_conformance.surface import PUBLIC_SURFACE, imports_outside_surface, source_root
 
 
 class BackendContractConformance(BackendConformance):
@@ -49,6 +50,18 @@ class BackendContractConformance(BackendConformance):
             reason = backend_cls.supports(torch.device(device))
             assert reason is None or (isinstance(reason, str) and reason.strip()), (
                 f"{backend_cls.__name__}.supports({device!r}) must return None or a non-empty reason, got {reason!r}")
+
+    def test_imports_only_the_public_surface(self, backend_cls):
+        if backend_cls.__module__.split(".")[0] == "nanocore":
+            pytest.skip("a builtin backend is part of the core")
+        root = source_root(backend_cls)
+        if root is None:
+            pytest.skip(f"{backend_cls.__name__} has no source file to check")
+        bad = imports_outside_surface(root)
+        assert not bad, (
+            f"{backend_cls.__name__}'s package imports nanocore modules outside the public plugin surface "
+            f"({', '.join(PUBLIC_SURFACE)}); those change without notice within 1.x. Use nanocore.toolkit "
+            f"(its docstring lists what it offers):\n" + "\n".join(bad))
 
     def test_auto_priority_is_int_or_none(self, backend_cls):
         priority = backend_cls.auto_priority

@@ -10,7 +10,8 @@ def register(subparsers) -> None:
     new = actions.add_parser("new", help="write a plugin distribution with a stub backend and its conformance test")
     new.add_argument("name", help="backend name users will select, e.g. my_awq")
     new.add_argument("--kind", required=True, choices=list(KINDS), help="extension point the backend implements")
-    new.add_argument("--dir", default=".", help="folder to create the distribution in (default: current folder)")
+    new.add_argument("--dir", default=None, help="the distribution folder to create (default: ./nanocore-NAME); "
+                     "'pip install -e DIR' then installs it")
     new.set_defaults(func=run_new)
 
 
@@ -18,6 +19,7 @@ def run_new(args) -> int:
     from nanocore.scaffold import write_plugin
 
     root = write_plugin(args.name, args.kind, args.dir)
-    print(f"wrote {root}\n  next: pip install -e '{root}[test]' && (cd {root} && pytest)\n"
-          f"  then replace the methods marked STUB in {root.name.replace('-', '_')}/backend.py")
+    package = f"nanocore_{args.name}"
+    print(f"wrote {root}\n  next: pip install -e '{root}[test]' && pytest {root}\n"
+          f"  then replace the methods marked STUB in {root / package / 'backend.py'} (its README says what each does)")
     return 0

@@ -5,14 +5,19 @@ from typing import Any, ClassVar
 
 import torch
 
-# Major version bumps when an interface changes incompatibly; plugins declare the version they target.
-API_VERSION = "1.0"
+# Major version bumps when an interface changes incompatibly, minor when one grows; plugins declare the version
+# they target (``api_version`` on their class, or their distribution's requirement on nanocore).
+API_VERSION = "1.1"
+#: Options the core adds itself, not the user: a linear method loading a quantized checkpoint gets the
+#: checkpoint's ``quantization_config`` dict. ``check_options`` always accepts them.
+INJECTED_OPTIONS: dict[str, type] = {"quantization_config": dict}
 
 
 class Backend:
     """Base of the five interfaces: a name, the API version it targets, options and capabilities."""
 
-    #: Interface version this backend was written against ("MAJOR.MINOR").
+    #: Plugin API version this backend was written against ("MAJOR.MINOR"). Set it on your own class: the
+    #: registry reads it from the plugin's classes only (the value here is the core's, not a declaration).
     api_version: ClassVar[str] = API_VERSION
     #: Set by the registry to the name the backend was registered under.
     name: ClassVar[str] = ""
@@ -29,12 +34,14 @@ class Backend:
 
 
 def check_options(backend: str, options: dict[str, Any], allowed: dict[str, type]) -> dict[str, Any]:
-    """Validate a backend's options dict: unknown keys and wrong types are user errors."""
-    unknown = sorted(set(options) - set(allowed))
+    """Validate a backend's options dict: unknown keys and wrong types are user errors. The core's
+    ``INJECTED_OPTIONS`` are always allowed (a method that does not read them may ignore them)."""
+    unknown = sorted(set(options) - set(allowed) - set(INJECTED_OPTIONS))
     if unknown:
         raise ValueError(
             f"backend {backend!r} got unknown option(s) {unknown}; allowed options: {sorted(allowed) or 'none'}"
         )
+    allowed = {**INJECTED_OPTIONS, **allowed}
     for key, value in options.items():
         # bool is an int subclass in Python; True is never a meaningful count or size
         wrong_bool = isinstance(value, bool) and allowed[key] is not bool

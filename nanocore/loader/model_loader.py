@@ -153,7 +153,7 @@ def linear_method_factory(entry: BackendEntry, options: dict, hf_config, device:
     """
     ignore = ignore_patterns(quantization_config(hf_config))
     if not ignore:
-        return lambda prefix: entry.cls(dict(options))
+        return lambda prefix: get_registry().instantiate(entry, options)
     shards: dict[str, list[str]] = {}
     for merged, original, _ in getattr(model_class(hf_config), "stacked_params", []):
         shards.setdefault(merged, []).append(original)
@@ -164,11 +164,11 @@ def linear_method_factory(entry: BackendEntry, options: dict, hf_config, device:
         names = [f"{parent}.{o}" if parent else o for o in shards.get(leaf, [])] or [prefix]
         hits = [n for n in names if is_ignored(n, ignore)]
         if is_ignored(prefix, ignore) or (hits and len(hits) == len(names)):
-            return unquantized.cls({})
+            return get_registry().instantiate(unquantized)
         if hits:
             raise ValueError(f"the checkpoint's ignore list {ignore} leaves {hits} unquantized but not the rest of "
                              f"the merged layer {prefix} ({names}); one merged layer takes one linear method")
-        return entry.cls(dict(options))
+        return get_registry().instantiate(entry, options)
     return factory
 
 
@@ -192,9 +192,9 @@ def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) 
     name, options = config.backend("moe_executor")
     if not (getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)):
         if name != AUTO:
-            get_registry().get("moe_executor", name).cls(dict(options))
+            get_registry().instantiate(get_registry().get("moe_executor", name), options)
         return None
-    return get_registry().resolve("moe_executor", name, device).cls(dict(options))
+    return get_registry().build("moe_executor", name, device, options)
 
 
 def resolve_max_model_len(requested: int | None, hf_config) -> int:

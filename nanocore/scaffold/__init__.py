@@ -17,7 +17,9 @@ def plugin_layout(name: str, kind: str) -> dict[str, str]:
     return {
         "name": name, "kind": kind, "package": f"nanocore_{name}", "dist": f"nanocore-{name.replace('_', '-')}",
         "cls": camel + stubs.CLASS_SUFFIX[kind], "hook": KINDS[kind][1], "conformance": stubs.CONFORMANCE[kind],
+        "kind_flag": kind.replace("_", "-"), "KIND": kind.upper(),
         "api_version": API_VERSION,
+        "next_major": str(int(API_VERSION.split(".")[0]) + 1),
     }
 
 
@@ -34,13 +36,16 @@ def check_name(name: str, kind: str) -> None:
         raise ValueError(f"{kind} {name!r} is already registered by {taken[0].distribution}; choose another name")
 
 
-def write_plugin(name: str, kind: str, parent: str | Path = ".") -> Path:
-    """Write the distribution into ``parent/nanocore-NAME`` and return that folder."""
+def write_plugin(name: str, kind: str, target: str | Path | None = None) -> Path:
+    """Write the distribution into the folder ``target`` (default ``./nanocore-NAME``) and return it.
+
+    ``target`` is the distribution's own folder (it holds pyproject.toml), so ``pip install -e TARGET`` installs it.
+    """
     check_name(name, kind)
     values = plugin_layout(name, kind)
-    root = Path(parent) / values["dist"]
-    if root.exists():
-        raise FileExistsError(f"{root} already exists; pick another --dir or remove it")
+    root = Path(target) if target is not None else Path(values["dist"])
+    if root.exists() and (not root.is_dir() or any(root.iterdir())):
+        raise ValueError(f"{root} already exists and is not an empty folder; pick another --dir or remove it")
     contents = {
         "pyproject.toml": files.PYPROJECT,
         "README.md": files.README,

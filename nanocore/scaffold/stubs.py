@@ -17,8 +17,9 @@ CONFORMANCE = {
 HEADER = '''\
 """$kind '$name'.
 
-STUB: this class delegates to nanocore's builtin reference backend so that the conformance suite
-passes out of the box. Replace every method marked STUB with your implementation.
+STUB: this class delegates to nanocore's reference backend (nanocore.toolkit.reference) so that the
+conformance suite passes out of the box. Replace every method marked STUB with your implementation; the
+contract of each method is its docstring in nanocore.interfaces.$kind.
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ _CAPABILITIES = '''\
 
 BACKENDS = {
     "linear_method": '''\
-from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.interfaces import LinearMethod, check_options
+from nanocore.toolkit.reference import UnquantizedLinearMethod
 
 
 class $cls(LinearMethod):
@@ -60,8 +61,8 @@ class $cls(LinearMethod):
         return self._reference.apply(layer, x, bias)  # STUB
 ''',
     "kv_codec": '''\
-from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.interfaces import KVCodec, check_options
+from nanocore.toolkit.reference import UnquantizedKVCodec
 
 
 class $cls(KVCodec):
@@ -82,8 +83,8 @@ class $cls(KVCodec):
         return self._reference.gather(cache, slots, dtype)  # STUB
 ''',
     "prefix_cache": '''\
-from nanocore.builtin.no_prefix_cache import NoPrefixCache
 from nanocore.interfaces import PrefixCache, check_options
+from nanocore.toolkit.reference import NoPrefixCache
 
 
 class $cls(PrefixCache):
@@ -108,8 +109,8 @@ class $cls(PrefixCache):
         return self._reference.evict()  # STUB
 ''',
     "moe_executor": '''\
-from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.interfaces import MoEExecutor, check_options
+from nanocore.toolkit.reference import EagerMoEExecutor
 
 
 class $cls(MoEExecutor):
@@ -126,8 +127,8 @@ class $cls(MoEExecutor):
         return self._reference.apply(x, topk_weights, topk_ids, w13, w2, activation)  # STUB
 ''',
     "scheduler_policy": '''\
-from nanocore.builtin.prefill_first import PrefillFirstPolicy
 from nanocore.interfaces import SchedulerPolicy
+from nanocore.toolkit.reference import PrefillFirstPolicy
 
 
 class $cls(SchedulerPolicy):

@@ -24,6 +24,7 @@ module                     what it offers
 ``toolkit.capability``     ``supports()`` building blocks: ``cuda_capability_reason``, ``triton_reason``
 ``toolkit.paths``          ``cache_dir()``: where a plugin keeps compiled kernels and tuned configs
 ``toolkit.timing``         CUDA-event and CUDA-graph timers for a plugin's own tuning
+``toolkit.reference``      the reference backends (the oracles), to subclass or delegate to
 =========================  ===================================================================================
 
 Import the submodule you need (``from nanocore.toolkit.numerics import quantize_fp8_per_row``); this package

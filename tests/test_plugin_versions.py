@@ -1,0 +1,73 @@
+"""A plugin's compatibility comes from what it declares: its own api_version, its distribution's requirement."""
+from __future__ import annotations
+
+import pytest
+
+from nanocore import __version__
+from nanocore.interfaces import API_VERSION, KVCodec
+from nanocore.plugin_versions import compatibility_problem, declared_api_version
+from nanocore.toolkit.reference import UnquantizedKVCodec
+
+MAJOR = int(API_VERSION.split(".")[0])
+
+
+class Silent(UnquantizedKVCodec):
+    """Declares nothing: inherits the core's api_version through the reference backend."""
+
+
+class Explicit(UnquantizedKVCodec):
+    api_version = f"{MAJOR}.0"
+
+
+class NextMajor(UnquantizedKVCodec):
+    api_version = f"{MAJOR + 1}.0"
+
+
+class NewerMinor(UnquantizedKVCodec):
+    api_version = f"{MAJOR}.99"
+
+
+class ChildOfExplicit(Explicit):
+    """Inherits a declaration from the plugin's own base class: that counts."""
+
+
+def problem(cls, requires):
+    return compatibility_problem("kv_codec", "x", cls, "p", "dist-x", requires)
+
+
+def test_inherited_interface_version_is_not_a_declaration():
+    assert KVCodec.api_version == API_VERSION
+    assert declared_api_version(Silent) is None
+    assert declared_api_version(Explicit) == f"{MAJOR}.0"
+    assert declared_api_version(ChildOfExplicit) == f"{MAJOR}.0"
+
+
+def test_explicit_same_major_loads_quietly(recwarn):
+    assert problem(Explicit, []) is None and not recwarn.list
+
+
+@pytest.mark.parametrize("cls, words", [(NextMajor, "written for nanocore's plugin API"), (NewerMinor, "upgrade nanocore")])
+def test_incompatible_api_version_is_refused_with_what_to_do(cls, words):
+    message = problem(cls, [])
+    assert message and words in message and "dist-x" in message
+
+
+def test_distribution_requirement_decides_for_a_silent_class(recwarn):
+    assert problem(Silent, [f"nanocore>={API_VERSION},<{MAJOR + 1}"]) is None and not recwarn.list
+    message = problem(Silent, [f"nanocore<{MAJOR}"])
+    assert message and f"requires nanocore<{MAJOR}" in message and __version__ in message
+    # an explicit class is refused too when its distribution excludes this nanocore
+    assert problem(Explicit, [f"nanocore>={MAJOR + 1}"])
+
+
+def test_declaring_nothing_warns_and_loads():
+    with pytest.warns(DeprecationWarning, match="declares no api_version"):
+        assert problem(Silent, ["nanocore", "torch>=2"]) is None
+    with pytest.warns(DeprecationWarning, match=f'api_version = "{API_VERSION}"'):
+        assert problem(Silent, []) is None
+
+
+def test_in_tree_plugins_declare_through_their_distribution():
+    from nanocore.plugins import get_registry
+    registry = get_registry()
+    assert not any(registry.refused.values()) and not registry.failures
