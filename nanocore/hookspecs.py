@@ -7,8 +7,15 @@ entry-point group of its distribution::
     my_backend = "my_package.plugin"
 
 Each hook returns ``{name: backend_class}`` for one of the five extension points. The class
-subclasses the matching interface in ``nanocore.interfaces`` and declares ``api_version``.
-Users then select the backend by name: ``LLM(model, linear_method="my_backend")``.
+subclasses the matching interface in ``nanocore.interfaces`` (each module there states its whole contract:
+constructor, calls, shapes, what must be CUDA-graph safe) and declares ``api_version = "1.1"`` on itself, or
+its distribution requires ``nanocore>=1.1,<2``. Users then select the backend by name:
+``LLM(model, linear_method="my_backend")``.
+
+The public plugin surface is this module, ``nanocore.interfaces`` and ``nanocore.toolkit`` (reusable
+building blocks: quantization references, GEMMs, KV store, prefix-cache helpers, capability checks, the
+reference backends). Nothing else of ``nanocore`` is stable for plugins. ``nanocore plugin new`` writes a
+distribution to start from; ``nanocore-conformance`` tells whether a backend keeps the contract.
 """
 from __future__ import annotations
 

@@ -66,8 +66,11 @@ def run(args) -> int:
         raise ValueError(f"{src} is already quantized ({config['quantization_config'].get('quant_method')}); "
                          f"quantize the unquantized checkpoint")
     method = get_registry().get("linear_method", args.method).cls
-    if getattr(args, "fp8_scale", None) is not None and "fp8_scale" not in inspect.signature(method.quantize).parameters:
-        raise ValueError(f"--fp8-scale is an option of the fp8 methods; {args.method} does not take it")
+    accepted = inspect.signature(method.quantize).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())  # it checks them itself
+    for option, flag in (("fp8_scale", "--fp8-scale"), ("group_size", "--group-size")):
+        if getattr(args, option, None) is not None and option not in accepted and not takes_any:
+            raise ValueError(f"{args.method}'s quantize() takes no {option}, so {flag} does not apply to it")
     calibration = None
     if args.calib_text:
         calibration = collect_calibration(src, Path(args.calib_text), args.calib_samples, args.calib_seqlen, device)

@@ -1,9 +1,16 @@
 """KVCodec: how the paged KV cache stores keys and values.
 
 Cache tensors are per layer. Keys and values are stored as ``[num_blocks, block_size, num_kv_heads,
-head_dim]``; a slot is ``block_id * block_size + offset``. Scales, when the layout has them, are
-``[num_blocks, block_size, num_kv_heads, num_scale_groups]``. The core attention reads every layout of
-this family natively; ``gather`` is the dequantizing reference.
+head_dim]`` in the layout's ``k_dtype`` / ``v_dtype``; a slot is ``block_id * block_size + offset``. Scales,
+when the layout has them, are ``[num_blocks, block_size, num_kv_heads, num_scale_groups]`` in ``scale_dtype``:
+one per (token, head) for ``"token_head"``, one per ``group_size`` elements of head_dim for ``"group"``.
+The stored value times its scale is the dequantized value. That is the whole contract between a codec and the
+core's attention: on CUDA the Triton attention reads the raw tensors through ``layout()`` and never calls
+``gather``; ``gather`` is the dequantizing reference (the CPU path uses it) and must return exactly what the
+layout says. The conformance suite checks both, and runs the core kernel (interpreted on CPU) on your cache.
+
+Calls, per layer: ``layout`` and ``bytes_per_token`` at start-up (KV sizing), ``allocate`` once, ``store`` on
+every forward with that step's new tokens, ``gather`` only on the CPU reference path.
 """
 from __future__ import annotations
 
@@ -62,15 +69,18 @@ class KVCache:
 
 
 class KVCodec(Backend):
+    """Constructor: ``__init__(self, options: dict | None = None)`` with the user's ``kv_codec_options``."""
+
     #: (atol, rtol) of attention over this cache against the unquantized oracle.
     tolerance: ClassVar[tuple[float, float]] = (1e-5, 1e-5)
 
     @abstractmethod
     def layout(self, dtype: torch.dtype) -> KVLayout:
-        """Storage layout when the model computes in ``dtype``."""
+        """Storage layout when the model computes in ``dtype`` (a pure function of ``dtype`` and the options)."""
 
     def bytes_per_token(self, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        """Bytes one token occupies in one layer's cache (K, V and their scales)."""
+        """Bytes one token occupies in one layer's cache (K, V and their scales): what ``allocate`` allocates per
+        slot, exactly (KV sizing divides free memory by it)."""
         layout = self.layout(dtype)
         total = 0
         for store_dtype, granularity in ((layout.k_dtype, layout.k_scale), (layout.v_dtype, layout.v_scale)):
@@ -107,8 +117,15 @@ class KVCodec(Backend):
 
     @abstractmethod
     def store(self, cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-        """Write ``k``, ``v`` ``[num_tokens, num_kv_heads, head_dim]`` at ``slot_mapping``; slot -1 is skipped."""
+        """Write ``k``, ``v`` ``[num_tokens, num_kv_heads, head_dim]`` (model dtype, possibly strided views of the
+        qkv projection) at ``slot_mapping`` ``[num_tokens]`` (int64); slot -1 (padding) is skipped and leaves the
+        cache untouched. Slots come in any order, with gaps: a decode step writes one token per sequence, a
+        prefill chunk a run of slots, and a slot may be written again later. Every other slot must keep its
+        values and scales. On CUDA ``store`` runs inside captured CUDA graphs: no host synchronisation, no
+        data-dependent shapes (no boolean-mask indexing), no allocation that depends on the data
+        (``nanocore.toolkit.kv.store_layout`` does all this for layouts of this family)."""
 
     @abstractmethod
     def gather(self, cache: KVCache, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """Dequantized ``(k, v)`` of shape ``[len(slots), num_kv_heads, head_dim]`` in ``dtype``."""
+        """Dequantized ``(k, v)`` of shape ``[len(slots), num_kv_heads, head_dim]`` in ``dtype``: stored value times
+        scale per ``layout()``, nothing else (``nanocore.toolkit.kv.gather_layout``). Reference path only."""

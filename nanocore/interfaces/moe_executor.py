@@ -2,6 +2,14 @@
 
 The router and prepare/finalize (local, or expert-parallel all-to-all) stay in the core; the
 executor sees routed tokens and this rank's stacked expert weights.
+
+Constructor: ``__init__(self, options: dict | None = None)`` with the user's ``moe_executor_options``; one
+instance serves every MoE layer. ``apply`` runs on every forward of every MoE layer with any number of tokens,
+from 1 (decode) to a whole prefill chunk; many experts may get no token, and with expert parallelism
+``topk_ids`` outside ``[0, E)`` mark experts of other ranks (they contribute nothing). If
+``supports_cuda_graph`` is True, ``apply`` is captured in decode CUDA graphs: no host synchronisation, no
+data-dependent shapes or allocations. The conformance suite compares with the ``eager`` oracle on batch sizes
+that cross any size threshold an executor may switch strategies at.
 """
 from __future__ import annotations
 

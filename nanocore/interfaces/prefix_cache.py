@@ -6,6 +6,18 @@ should be evicted. Life of a cached block:
 
     insert (computed, referenced) -> release (ref count reached 0: evictable)
     -> acquire (matched again: not evictable) or evict (the block is reused for other tokens)
+
+Rules the conformance suite checks with a stateful model of the BlockManager:
+- A block is identified by its whole prefix: block ``i`` of a sequence matches only a sequence with the same
+  tokens ``[0, (i+1)*block_size)``, every token of the block and every token before it (chain the hash of the
+  parent block with all of this block's tokens; verify on a hit if hashes can collide).
+- ``evict`` returns only blocks that were released and not acquired since; a referenced block is never evicted.
+  An evicted block is forgotten at once: ``match`` never returns it again.
+- ``release`` returns True only for blocks the cache holds (published by ``insert``).
+- Calls come from the engine's scheduler thread, a few per sequence per step: keep them O(blocks touched).
+
+Constructor: ``__init__(self, block_size, num_blocks, options=None)``, called positionally by the registry with
+the engine's block size (16 by default) and the number of KV blocks.
 """
 from __future__ import annotations
 

@@ -4,6 +4,19 @@ The policy only decides. The core validates the decision (token budget, ``max_nu
 availability), matches prefix-cache blocks, allocates, preempts by recomputation when KV runs out,
 and runs the step. A sequence scheduled for fewer tokens than it has uncomputed is a prefill chunk;
 the core keeps its positions contiguous.
+
+Rules (the core raises ``PolicyError`` on a decision that breaks the first three; the conformance suite checks
+all of them):
+- Each item names a waiting or running sequence once, for 1..``num_uncomputed_tokens`` tokens; the items fit
+  ``budget.max_num_batched_tokens`` and ``budget.max_num_seqs``.
+- ``schedule`` may be called several times in one step (after a preemption, or with ``waiting`` hidden when an
+  admission did not fit) and must not change the sequences or the state it is given: decide from what it sees.
+  Keep any state of your own consistent across such repeated calls.
+- With nothing running and something waiting, schedule at least one sequence (else the engine cannot progress).
+- Bounded waiting: a waiting request must get its first tokens within a bounded number of steps while requests
+  keep arriving; a policy may overtake arrival order, but never starve a request forever.
+
+Constructor: ``__init__(self, options: dict | None = None)`` with the user's ``scheduler_policy_options``.
 """
 from __future__ import annotations
 
