@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from nanocore.bench import interference as interference_bench
 from nanocore.bench import prefix as prefix_bench
+from nanocore.bench import serve as serve_bench
 from nanocore.bench.throughput import WARMUPS
 from nanocore.cli.common import add_engine_args, engine_config_from_args
 
@@ -103,6 +104,9 @@ MODES = {
     "prefill": ("prefill tokens/s and MFU for a batch of long prompts", add_prefill_args, run_prefill_cmd),
     "interference": ("a long prompt arriving during a decode: decode inter-token latency and its TTFT per "
                      "scheduling mode", interference_bench.add_arguments, interference_bench.run_interference_cmd),
+    "serve": ("served throughput and TTFT / TPOT / ITL through the OpenAI API (fixed concurrency or Poisson "
+              "request rates), against --url or a server it starts", serve_bench.add_arguments,
+              serve_bench.run_from_args),
 }
 
 

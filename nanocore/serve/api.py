@@ -114,8 +114,10 @@ def add_info_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/version")
     async def version():
-        return {"version": nanocore.__version__, "model": state.front.engine.config.model,
-                "served_model_name": state.served_model_name, "backends": state.backends}
+        engine = state.front.engine
+        return {"version": nanocore.__version__, "model": engine.config.model, "device": str(engine.device),
+                "served_model_name": state.served_model_name, "backends": state.backends,
+                "vocab_size": getattr(engine.loaded.hf_config, "vocab_size", None), "max_model_len": engine.max_model_len}
 
     @app.get("/metrics")
     async def metrics():

@@ -1,0 +1,217 @@
+"""nanocore bench serve: served throughput and TTFT / TPOT / ITL through the OpenAI API (load: serve_load.py).
+
+Against a running server (--url) or one the bench starts from the engine flags: --server process (a child
+'nanocore serve', the default: the load generator does not share the server's interpreter) or --server thread
+(an in-process uvicorn thread). Every request streams a token-id prompt of the Nano-vLLM workload (lengths
+uniform in --min-len..--max-len, ignore EOS). Each value of --request-rate x --concurrency is one timed run
+(one table row) on the same server; --compare-offline then runs the offline pass of 'bench throughput' on the same
+config and workload after the server stopped, and reports served / offline output tok/s. --json writes it all.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+EXAMPLES = """examples:
+  # a server the bench starts (child process) on dummy Qwen3-0.6B shapes; concurrency 256, then Poisson rates:
+  nanocore bench serve --model dummy:Qwen3-0.6B --device cuda --concurrency 256 --compare-offline --json c256.json
+  nanocore bench serve --model dummy:Qwen3-0.6B --device cuda --request-rate 4,16,64 --json rates.json
+  # the same with the server in this process (a uvicorn thread):
+  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --concurrency 256
+  # an already running server (nanocore serve, or any OpenAI-compatible one that accepts token-id prompts):
+  nanocore bench serve --url http://127.0.0.1:8000 --vocab-size 151936 --request-rate 16
+"""
+COLUMNS = ["request_rate", "concurrency", "completed", "failed", "seconds", "request_throughput",
+           "output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms", "itl_p99_ms"]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.description, p.epilog = __doc__, EXAMPLES
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.add_argument("--url", help="a running server's base URL (default: start one from the engine flags)")
+    p.add_argument("--server", choices=["process", "thread"], default="process",
+                   help="without --url: a child 'nanocore serve' process (default) or an in-process uvicorn thread")
+    p.add_argument("--api-key", default=None, help="API key of the server at --url")
+    p.add_argument("--served-model-name", default=None, help="model name to send (default: the server's)")
+    p.add_argument("--vocab-size", type=int, default=None, help="with --url: token ids stay below it "
+                                                                "(default: the server's /version)")
+    p.add_argument("--request-rate", default="inf",
+                   help="requests/s of Poisson arrivals, comma-separated for several runs; inf = all at once")
+    p.add_argument("--concurrency", default=None, help="most requests in flight, comma-separated for several runs")
+    p.add_argument("--num-prompts", type=int, default=256, help="requests per run (default 256, Nano-vLLM's)")
+    p.add_argument("--min-len", type=int, default=100, help="shortest prompt / output (default 100)")
+    p.add_argument("--max-len", type=int, default=1024, help="longest prompt / output (default 1024)")
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--workload-seed", type=int, default=0, help="seed of the workload and the arrivals (default 0)")
+    p.add_argument("--warmup", choices=["full", "one", "none"], default="full",
+                   help="untimed pass first: the workload with shifted ids (default), one request, or none")
+    p.add_argument("--compare-offline", action="store_true",
+                   help="also run the offline throughput pass on the same config and report served / offline")
+    p.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for the server (default 900)")
+
+
+def parse_list(text: str | None, cast) -> list:
+    return [None] if text is None else [cast(part) for part in str(text).split(",") if part.strip()]
+
+
+def run_from_args(args) -> int:
+    from nanocore.bench.report import config_summary, environment, format_table, write_json
+    from nanocore.cli.common import engine_config_from_args
+
+    rates, concurrencies = parse_list(args.request_rate, float), parse_list(args.concurrency, int)
+    config = None if args.url else engine_config_from_args(args)
+    with server_url(args, config) as (url, info):
+        workload = build_workload(args, args.vocab_size or info.get("vocab_size"))
+        model = args.served_model_name or info.get("served_model_name")
+        warm_up(url, workload, args, model)
+        rows = []
+        for rate in rates:
+            for concurrency in concurrencies:
+                rows.append({"request_rate": rate if math.isfinite(rate) else "inf", "concurrency": concurrency,
+                             **timed_run(url, workload, args, rate, concurrency, model)})
+    offline = run_offline(config, args) if args.compare_offline and config is not None else None
+    if offline:
+        for row in rows:
+            row["served_over_offline"] = row["output_tokens_per_s"] / offline["output_tokens_per_s"]
+    print(format_table(rows, COLUMNS + (["served_over_offline"] if offline else [])))
+    write_json(args.json, {
+        "command": "bench serve", "url": args.url, "server": None if args.url else args.server,
+        "workload": {"num_prompts": args.num_prompts, "min_len": args.min_len, "max_len": args.max_len,
+                     "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True},
+        "rows": rows, "offline": offline, "server_info": info,
+        "config": config_summary(config) if config else None, "environment": environment(info.get("device"))})
+    return 0 if all(r["failed"] == 0 for r in rows) else 1
+
+
+def build_workload(args, vocab_size: int | None):
+    from nanocore.bench.throughput import make_workload
+
+    if not vocab_size:
+        raise ValueError("the server does not report vocab_size; pass --vocab-size")
+    return make_workload(args.num_prompts, args.min_len, args.max_len, vocab_size, args.workload_seed)
+
+
+def warm_up(url: str, workload, args, model) -> None:
+    from nanocore.bench.serve_load import run_load
+
+    if args.warmup == "none":
+        return
+    vocab = max(t for p, _ in workload for t in p) + 2
+    shifted = [([(t + 1) % vocab for t in p], n) for p, n in workload]  # same shapes, no prefix-cache hits
+    asyncio.run(run_load(url, shifted if args.warmup == "full" else shifted[:1], float("inf"), None,
+                         args.temperature, model, args.workload_seed, args.api_key))
+
+
+def timed_run(url: str, workload, args, rate: float, concurrency: int | None, model) -> dict:
+    from nanocore.bench.serve_load import run_load, summarize
+
+    records, seconds = asyncio.run(run_load(url, workload, rate, concurrency, args.temperature, model,
+                                            args.workload_seed, args.api_key))
+    return summarize(records, seconds)
+
+
+def run_offline(config, args) -> dict:
+    """``bench throughput``'s pass (same workload, warm-up and temperature) in this process."""
+    from dataclasses import asdict
+
+    from nanocore.bench.prefix import free_device_memory
+    from nanocore.bench.throughput import run_throughput
+    from nanocore.engine.llm import LLM
+
+    free_device_memory()  # an in-process server's engine is gone; its memory goes back before this one profiles
+    llm = LLM(config=config)
+    result = run_throughput(llm, args.num_prompts, args.min_len, args.max_len, args.temperature,
+                            args.workload_seed, warmup=args.warmup)
+    llm.close()
+    return asdict(result)
+
+
+@contextlib.contextmanager
+def server_url(args, config):
+    """(base URL, the server's /version) of the server to load: --url, or one started here and stopped after."""
+    if args.url:
+        yield args.url.rstrip("/"), server_info(args.url.rstrip("/"))
+    elif args.server == "thread":
+        with thread_server(config) as url:
+            yield url, server_info(url)
+    else:
+        with process_server(config, args.startup_timeout, getattr(args, "threads", None)) as url:
+            yield url, server_info(url)
+
+
+def server_info(url: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{url}/version", timeout=30).json()
+
+
+@contextlib.contextmanager
+def thread_server(config):
+    from nanocore.engine.llm import LLM
+    from nanocore.serve.server import ServerThread, create_app
+
+    app = create_app(LLM(config=config), max_waiting_requests=1 << 20)
+    with ServerThread(app, startup_timeout_s=60) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def process_server(config, startup_timeout_s: float, threads: int | None = None):
+    """A child ``nanocore serve`` on a free port with ``config`` written to a TOML file."""
+    from nanocore.serve.server import free_port
+
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "engine.toml")
+        with open(path, "w") as f:
+            f.write(config_toml(config))
+        command = [sys.executable, "-m", "nanocore.cli.main", "serve", "--config", path, "--port", str(port),
+                   "--max-waiting-requests", str(1 << 20), "--log-level", "warning"]
+        command += ["--threads", str(threads)] if threads else []
+        proc = subprocess.Popen(command)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_for_health(url, proc, startup_timeout_s)
+            yield url
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def wait_for_health(url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode} before it was ready")
+        with contextlib.suppress(httpx.TransportError):
+            if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                return
+        time.sleep(0.5)
+    raise RuntimeError(f"the server at {url} was not ready after {timeout_s:.0f} s (--startup-timeout)")
+
+
+def config_toml(config) -> str:
+    """The resolved EngineConfig as TOML (the child's NANOCORE_* environment gives the same values again)."""
+    lines = []
+    for key, value in json.loads(config.model_dump_json()).items():
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            items = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+            lines.append(f"{key} = {{{items}}}" if items else f"{key} = {{}}")
+        else:
+            lines.append(f"{key} = {json.dumps(value)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,36 @@
+"""`nanocore bench serve`: the load generator's numbers and JSON, on a tiny in-process server."""
+from __future__ import annotations
+
+import json
+
+from nanocore.bench.serve_load import RequestRecord, percentile, summarize
+from nanocore.cli.main import main
+
+
+def test_percentile_and_summary():
+    assert percentile([], 50) is None
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5 and percentile([5.0], 99) == 5.0
+    done = RequestRecord(10, 4, ok=True, output_tokens=4, latency_s=1.0, ttft_s=0.4, itls_s=[0.2, 0.2, 0.2])
+    failed = RequestRecord(10, 4, error="HTTP 500")
+    summary = summarize([done, failed], seconds=2.0)
+    assert (summary["completed"], summary["failed"], summary["first_error"]) == (1, 1, "HTTP 500")
+    assert summary["output_tokens_per_s"] == 2.0 and abs(summary["tpot_p50_ms"] - 200.0) < 1e-9
+    assert summary["ttft_p99_ms"] == 400.0
+
+
+def test_bench_serve_thread_server_writes_json(tmp_path, capsys):
+    out = tmp_path / "serve.json"
+    code = main(["bench", "serve", "--server", "thread", "--model", "dummy:tiny-qwen2", "--device", "cpu",
+                 "--num-kv-blocks", "256", "--num-prompts", "12", "--min-len", "8", "--max-len", "24",
+                 "--request-rate", "inf,200", "--concurrency", "6", "--warmup", "one", "--compare-offline",
+                 "--threads", "1", "--json", str(out)])
+    assert code == 0
+    table = capsys.readouterr().out
+    assert "output_tokens_per_s" in table and "served_over_offline" in table
+    result = json.loads(out.read_text())
+    assert [row["request_rate"] for row in result["rows"]] == ["inf", 200.0]
+    for row in result["rows"]:
+        assert row["completed"] == 12 and row["failed"] == 0 and row["concurrency"] == 6
+        assert row["ttft_p99_ms"] > 0 and row["tpot_p50_ms"] > 0 and row["served_over_offline"] > 0
+    assert result["offline"]["output_tokens"] == result["rows"][0]["output_tokens"]
+    assert result["server_info"]["backends"]["kv_codec"] == "unquantized"
