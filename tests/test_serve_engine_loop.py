@@ -88,7 +88,8 @@ def test_a_failing_detokenizer_fails_only_its_request(monkeypatch):
     with running_server(llm) as (url, _):
         async def send_all():
             async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-                bodies = [{"prompt": f"hello {c}", "max_tokens": 12, "ignore_eos": True, "stream": s}
+                # a stop string gives whole-body requests a detokenizer too (it checks the text every step)
+                bodies = [{"prompt": f"hello {c}", "max_tokens": 12, "ignore_eos": True, "stream": s, "stop": "#"}
                           for c in "aZb" for s in (False, True)]
                 return await asyncio.gather(*(client.post("/v1/completions", json=b) for b in bodies))
 

@@ -1,6 +1,7 @@
 """The FastAPI app: OpenAI routes, health, version, metrics, and errors in OpenAI's shape."""
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import time
@@ -73,7 +74,6 @@ def build_app(state: ServerState) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         yield
-        import asyncio
         await asyncio.to_thread(state.front.close, state.drain_timeout_s)
 
     app = FastAPI(title="nanocore", version=nanocore.__version__, lifespan=lifespan)

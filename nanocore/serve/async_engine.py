@@ -14,6 +14,8 @@ import uuid
 from collections import deque
 from typing import AsyncIterator
 
+import torch
+
 from nanocore.engine.llm import LLM
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.serve.metrics import ServerMetrics
@@ -92,6 +94,8 @@ class AsyncEngine:
 
     # ---- the loop thread -----------------------------------------------------------------
     def _run(self) -> None:
+        if self.engine.device.type == "cuda":
+            torch.cuda.set_device(self.engine.device)  # the current CUDA device is per thread
         while not self._stop:
             self._apply_commands()
             if not self.engine.has_unfinished_requests():
@@ -113,8 +117,9 @@ class AsyncEngine:
 
     def _add(self, tracked: TrackedRequest) -> None:
         try:
+            # a whole-body request is detokenized once at the end (no per-step host work: async scheduling stays on)
             tracked.engine_request = self.engine.add_request(tracked.prompt_token_ids, tracked.params,
-                                                             request_id=tracked.request_id, stream=True)
+                                                             request_id=tracked.request_id, stream=tracked.streaming)
         except Exception as exc:  # noqa: BLE001 - a rejected prompt must not stop the loop
             self._count_started()
             tracked.loop.call_soon_threadsafe(_settle, tracked.accepted, exc)
