@@ -12,7 +12,7 @@ for many blocks and diverge at block boundaries, inside a block (first, middle, 
 from __future__ import annotations
 
 import random
-from typing import Callable
+from collections.abc import Callable
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -153,7 +153,7 @@ class BlockManagerModel(RuleBasedStateMachine):
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
     def finish_sequence(self, data):
-        tokens, blocks = self.seqs.pop(data.draw(st.integers(0, len(self.seqs) - 1), "sequence"))
+        _, blocks = self.seqs.pop(data.draw(st.integers(0, len(self.seqs) - 1), "sequence"))
         for block in reversed(blocks):  # tail blocks first, as the BlockManager frees them
             self.ref[block] -= 1
             if self.ref[block]:

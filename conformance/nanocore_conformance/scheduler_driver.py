@@ -8,13 +8,14 @@ scheduling. Every step also checks the budget, ``max_num_seqs``, contiguity and 
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence, SequenceStatus
-from nanocore.plugins import get_registry
+from nanocore.plugins import BackendEntry, get_registry
 
 VOCAB = 97
 
@@ -54,17 +55,21 @@ class SchedulerDriver:
         self.scheduler = Scheduler(policy, self.block_manager, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.kv: list[int | None] = [None] * (num_blocks * block_size)
         self.progress: dict[int, int] = {}  # seq id -> tokens it has computed, as this driver saw them
-        preempt = self.scheduler._preempt
-        self.scheduler._preempt = lambda seq: self._check_preempt(preempt, seq)  # see every preemption
 
-    def _check_preempt(self, preempt, seq: Sequence) -> None:
-        num_free = self.block_manager.num_free_blocks
-        preempt(seq)
-        assert seq.num_blocks == 0 and seq.num_computed_tokens == 0 and seq.status is SequenceStatus.WAITING, (
-            f"preempted {seq} still holds KV or is not waiting")
-        assert self.scheduler.waiting[0] is seq, "a preempted sequence must wait at the front of the queue"
-        assert self.block_manager.num_free_blocks >= num_free, "preemption did not free the sequence's blocks"
-        self.progress.pop(seq.seq_id, None)  # recomputation restarts at position 0
+    def preempting(self, action):
+        """Run ``action`` (a step's schedule, or a forced preemption) and check every sequence it preempted:
+        seen from outside, a running sequence that came back waiting."""
+        running, before = list(self.scheduler.running), self.scheduler.num_preemptions
+        result = action()
+        num_preempted = self.scheduler.num_preemptions - before
+        front = set(map(id, list(self.scheduler.waiting)[:num_preempted]))
+        for seq in running:
+            if seq.status is SequenceStatus.WAITING:
+                assert seq.num_blocks == 0 and seq.num_computed_tokens == 0, f"preempted {seq} still holds KV"
+                assert id(seq) in front, "a preempted sequence must wait at the front of the queue"
+            if seq.status is SequenceStatus.WAITING or (num_preempted and seq.num_computed_tokens == 0):
+                self.progress.pop(seq.seq_id, None)  # preempted (and maybe re-admitted): restarts at position 0
+        return result
 
     def slot(self, seq: Sequence, position: int) -> int:
         bs = self.block_manager.block_size
@@ -85,7 +90,7 @@ class SchedulerDriver:
                     self.scheduler.add(seq)
             step += 1
             if step in preempt_at and self.scheduler.running:
-                self.scheduler._preempt_latest(exclude=())  # the core's own path, forced at any state
+                self.preempting(self.scheduler.preempt_latest)  # the core's own path, forced at any state
             if self.scheduler.has_unfinished():
                 self.step(step, result)
         assert self.block_manager.num_free_blocks == self.block_manager.num_blocks, "blocks leaked after the run"
@@ -94,7 +99,7 @@ class SchedulerDriver:
         return result
 
     def step(self, step: int, result: DriveResult) -> None:
-        batch = self.scheduler.schedule()
+        batch = self.preempting(self.scheduler.schedule)
         self.check_batch(batch)
         self.check_preempted_and_blocks()
         result.max_batch_tokens = max(result.max_batch_tokens, batch.total_tokens)
@@ -156,6 +161,19 @@ def check_arrival_order(arrivals: list[tuple[int, int, int]], first_admitted: di
             f"request {later} (arrival step {arrivals[later][0]}) was admitted at step {first_admitted[later]}, "
             f"before request {earlier} (arrival step {arrivals[earlier][0]}) at step {first_admitted[earlier]}; "
             f"a policy that overtakes must declare conformance_requirements = {{'admission_order': None}}")
+
+
+@contextmanager
+def registered(kind: str, cls: type):
+    """``cls`` registered under its class name while the block runs, so an engine config can name a class
+    bound with ``nanocore_conformance.bind`` (not installed through an entry point)."""
+    entries = get_registry().entries[kind]
+    assert cls.__name__ not in entries, f"{kind} {cls.__name__!r} is already registered"
+    entries[cls.__name__] = [BackendEntry(kind, cls.__name__, cls, "nanocore-conformance", "bound", "bound")]
+    try:
+        yield cls.__name__
+    finally:
+        del entries[cls.__name__]
 
 
 TINY_MODEL = "dummy:tiny-qwen2"

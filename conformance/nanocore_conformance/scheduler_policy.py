@@ -1,9 +1,9 @@
 """SchedulerPolicyConformance: simulated runs over random arrival streams, checking the invariants.
 
-The simulator plays the core: it admits arrivals, asks the policy, validates every decision (token
-budget, ``max_num_seqs``, known sequences at most once, ``1 <= tokens <= uncomputed``, blocks), then
-computes the tokens and samples one token per finished prefill or decode. The block pool holds every
-sequence at full length, so no preemption is ever needed and the run must make progress.
+The simulator (``scheduler_sim``) plays the core: every decision is valid, leaves its input unchanged and
+is the same when asked twice, the run finishes, and every request gets its first tokens within a bound
+derived from the work that arrived before it (however the policy orders its work). Fixed states check the
+same per decision, deterministically.
 
 Deeper checks drive the policy through the engine's real Scheduler and BlockManager with a small KV
 budget and a fake model (``scheduler_driver``), and through a real LLMEngine on a tiny random model,
@@ -11,8 +11,10 @@ whose greedy outputs must equal ``prefill_first``'s.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from contextlib import nullcontext
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -20,83 +22,36 @@ from nanocore.interfaces import SchedulerState, StepBudget
 from nanocore_conformance.base import suite_settings
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.scheduler_driver import (
-    SchedulerDriver, check_arrival_order, engine_greedy_outputs, expected_outputs, make_prompt)
+    SchedulerDriver,
+    check_arrival_order,
+    engine_greedy_outputs,
+    expected_outputs,
+    make_prompt,
+    registered,
+)
+from nanocore_conformance.scheduler_sim import FakeSequence, decide_twice, simulate
 
 
-@dataclass(eq=False)
-class FakeSequence:
-    """Satisfies ``nanocore.interfaces.SequenceView``."""
-
-    seq_id: int
-    arrival_index: int
-    num_prompt_tokens: int
-    num_tokens: int
-    num_computed_tokens: int
-    num_blocks: int
-    max_output_tokens: int
-
-    @property
-    def num_uncomputed_tokens(self) -> int:
-        return self.num_tokens - self.num_computed_tokens
-
-    @property
-    def finished(self) -> bool:
-        return self.num_tokens - self.num_prompt_tokens >= self.max_output_tokens
+def fixed_state(decodes_only: bool = False) -> SchedulerState:
+    """Three decoding sequences, one half-prefilled prompt and two waiting prompts (block size 16)."""
+    running = [FakeSequence(0, 0, 30, 41, 40, 3, 20), FakeSequence(1, 1, 12, 21, 20, 2, 20),
+               FakeSequence(2, 2, 29, 30, 29, 2, 20)]
+    if decodes_only:
+        return SchedulerState(waiting=[], running=running)
+    running.append(FakeSequence(3, 3, 50, 50, 32, 2, 5))
+    return SchedulerState(waiting=[FakeSequence(4, 4, 9, 9, 0, 0, 5), FakeSequence(5, 5, 30, 30, 0, 0, 5)],
+                          running=running)
 
 
-def check_decision(decision, state, budget) -> None:
-    known = {id(s) for s in (*state.waiting, *state.running)}
-    seen, blocks = set(), 0
-    for item in decision.items:
-        seq = item.seq
-        assert id(seq) in known, f"decision schedules sequence {getattr(seq, 'seq_id', seq)!r}, which was not given"
-        assert id(seq) not in seen, f"decision schedules sequence {seq.seq_id} twice"
-        seen.add(id(seq))
-        assert 1 <= item.num_tokens <= seq.num_uncomputed_tokens, (
-            f"sequence {seq.seq_id} scheduled for {item.num_tokens} tokens; it has {seq.num_uncomputed_tokens} uncomputed")
-        blocks += budget.blocks_needed(seq, item.num_tokens)
-    assert decision.num_tokens <= budget.max_num_batched_tokens, (
-        f"decision has {decision.num_tokens} tokens; max_num_batched_tokens is {budget.max_num_batched_tokens}")
-    assert len(decision.items) <= budget.max_num_seqs, (
-        f"decision has {len(decision.items)} sequences; max_num_seqs is {budget.max_num_seqs}")
-    assert blocks <= budget.num_free_blocks, f"decision needs {blocks} new blocks; only {budget.num_free_blocks} are free"
+def greedy_arrivals() -> list[tuple[int, list[int], int]]:
+    return [(0, make_prompt(0, 37), 12), (0, make_prompt(1, 5), 20), (3, make_prompt(2, 60), 6),
+            (4, make_prompt(3, 1), 9), (10, make_prompt(4, 23), 15)]
 
 
-def simulate(policy, arrivals, max_num_batched_tokens, max_num_seqs, block_size) -> int:
-    """Run ``arrivals`` [(step, prompt_len, output_len)] to completion; return the number of steps."""
-    sequences = [FakeSequence(i, i, p, p, 0, 0, o) for i, (_, p, o) in enumerate(arrivals)]
-    num_free_blocks = sum(-(-(s.num_prompt_tokens + s.max_output_tokens) // block_size) for s in sequences)
-    waiting, running, step = [], [], 0
-    max_steps = sum(p + o for _, p, o in arrivals) + max(a for a, _, _ in arrivals) + 1
-    while any(not s.finished for s in sequences):
-        assert step <= max_steps, f"no progress after {step} steps (waiting {len(waiting)}, running {len(running)})"
-        waiting += [s for s, (arrive, _, _) in zip(sequences, arrivals) if arrive == step]
-        step += 1
-        if not waiting and not running:
-            continue
-        state = SchedulerState(waiting=tuple(waiting), running=tuple(running))
-        budget = StepBudget(max_num_batched_tokens, max_num_seqs, num_free_blocks, block_size)
-        decision = policy.schedule(state, budget)
-        check_decision(decision, state, budget)
-        assert decision.items, (
-            f"empty decision at step {step} although everything fits (free blocks {num_free_blocks}, "
-            f"waiting {[s.num_uncomputed_tokens for s in waiting]}, running {[s.num_uncomputed_tokens for s in running]})")
-        for item in decision.items:
-            seq = item.seq
-            new_blocks = budget.blocks_needed(seq, item.num_tokens)
-            seq.num_blocks += new_blocks
-            num_free_blocks -= new_blocks
-            seq.num_computed_tokens += item.num_tokens
-            if seq in waiting:
-                waiting.remove(seq)
-                running.append(seq)
-            if seq.num_uncomputed_tokens == 0:
-                seq.num_tokens += 1  # sampled a token
-                if seq.finished:
-                    running.remove(seq)
-                    num_free_blocks += seq.num_blocks
-                    seq.num_blocks = 0
-    return step
+@functools.cache
+def greedy_reference_outputs() -> list[list[int]]:
+    """prefill_first's greedy outputs of ``greedy_arrivals`` with room for everything (computed once)."""
+    return engine_greedy_outputs("prefill_first", {}, greedy_arrivals(), block_size=16, num_kv_blocks=64)
 
 
 class SchedulerPolicyConformance(BackendContractConformance):
@@ -119,6 +74,19 @@ class SchedulerPolicyConformance(BackendContractConformance):
     def test_prompts_filling_the_budget_one_at_a_time(self, backend_cls, backend_options):
         # every prompt fills the whole token budget and only one sequence fits a step
         simulate(backend_cls(backend_options), [(0, 8, 2)] * 4, 8, 1, 4)
+
+    @pytest.mark.parametrize("decodes_only, budget", [
+        (False, (24, 3)), (False, (64, 2)), (False, (64, 8)), (False, (16, 8)), (False, (16, 2)),
+        (True, (64, 8)), (True, (2, 8)), (True, (64, 2))])
+    def test_fixed_state_decision_is_valid_pure_and_repeatable(self, backend_cls, backend_options, decodes_only,
+                                                              budget):
+        decision = decide_twice(backend_cls(backend_options), fixed_state(decodes_only), StepBudget(*budget, 100, 16))
+        assert decision.items, "every sequence fits the free blocks, so the decision must not be empty"
+
+    def test_long_prompt_is_not_starved_by_a_stream_of_short_ones(self, backend_cls, backend_options):
+        # four 4-token prompts arrive every step, enough to fill the budget alone, behind one long prompt
+        arrivals = [(0, 40, 2)] + [(step, 4, 1) for step in range(48) for _ in range(4)]
+        simulate(backend_cls(backend_options), arrivals, 16, 4, 16)
 
     def test_empty_state_gives_empty_decision(self, backend_cls, backend_options):
         decision = backend_cls(backend_options).schedule(SchedulerState((), ()), StepBudget(16, 4, 10, 4))
@@ -148,12 +116,12 @@ class SchedulerPolicyConformance(BackendContractConformance):
         result = SchedulerDriver(backend_cls(backend_options), 16, 3, 4, 7).run(arrivals, frozenset({12}))
         assert result.outputs == {i: expected_outputs(make_prompt(i, p), o) for i, (_, p, o) in enumerate(arrivals)}
 
-    def test_greedy_outputs_match_prefill_first_on_a_tiny_model(self, backend_cls, backend_options):
+    def test_greedy_outputs_match_prefill_first_on_a_tiny_model(self, backend_entry, backend_cls, backend_options):
         # staggered arrivals, a small token budget and a KV cache that forces preemption
-        arrivals = [(0, make_prompt(0, 37), 12), (0, make_prompt(1, 5), 20), (3, make_prompt(2, 60), 6),
-                    (4, make_prompt(3, 1), 9), (10, make_prompt(4, 23), 15)]
-        oracle = engine_greedy_outputs("prefill_first", {}, arrivals, block_size=16, num_kv_blocks=64)
-        got = engine_greedy_outputs(self.backend, backend_options, arrivals, block_size=4, num_kv_blocks=26,
-                                    max_num_batched_tokens=24, max_num_seqs=3)
+        arrivals = greedy_arrivals()
+        oracle = greedy_reference_outputs()
+        with registered(self.kind, backend_cls) if backend_entry is None else nullcontext(self.backend) as name:
+            got = engine_greedy_outputs(name, backend_options, arrivals, block_size=4, num_kv_blocks=26,
+                                        max_num_batched_tokens=24, max_num_seqs=3)
         for i, (want, have) in enumerate(zip(oracle, got)):
             assert have == want, f"request {i}: greedy tokens {have} differ from prefill_first's {want}"

@@ -9,16 +9,13 @@ import pytest
 import torch.nn.functional as F
 
 from nanocore.builtin.eager_moe import EagerMoEExecutor
-from nanocore.builtin.prefill_first import PrefillFirstPolicy
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.toolkit.kv import flat_slots
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
-from nanocore.interfaces import ScheduleDecision
 from nanocore_conformance import (
     KVCodecConformance,
     LinearMethodConformance,
     MoEExecutorConformance,
-    SchedulerPolicyConformance,
 )
 
 
@@ -38,14 +35,6 @@ class CountsDroppedSlots(EagerMoEExecutor):
         return super().apply(x, topk_weights, topk_ids.clamp(0, w13.shape[0] - 1), w13, w2, activation)
 
 
-class IgnoresTokenBudget(PrefillFirstPolicy):
-    def schedule(self, state, budget):
-        decision = ScheduleDecision()
-        for seq in [*state.running, *state.waiting][:budget.max_num_seqs]:
-            decision.add(seq, seq.num_uncomputed_tokens)  # bug: no token budget
-        return decision
-
-
 def planted(base, cls):
     return type(f"Test{cls.__name__}", (base,), {
         "backend": cls.__name__,
@@ -57,4 +46,3 @@ def planted(base, cls):
 TestScaledLinear = planted(LinearMethodConformance, ScaledLinear)
 TestWritesSlotMinusOne = planted(KVCodecConformance, WritesSlotMinusOne)
 TestCountsDroppedSlots = planted(MoEExecutorConformance, CountsDroppedSlots)
-TestIgnoresTokenBudget = planted(SchedulerPolicyConformance, IgnoresTokenBudget)

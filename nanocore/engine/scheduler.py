@@ -185,6 +185,11 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
+    def preempt_latest(self) -> Sequence | None:
+        """Preempt the latest-arrived running sequence, as KV pressure would (tests force it in any state);
+        it, or None if nothing runs."""
+        return self._preempt_latest(exclude=())
+
     def _preempt_latest(self, exclude) -> Sequence | None:
         """Preempt the latest-arrived running sequence whose id is not in ``exclude``; it, or None if none."""
         candidates = [s for s in self.running if id(s) not in exclude]

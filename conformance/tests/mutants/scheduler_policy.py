@@ -1,0 +1,146 @@
+"""Scheduler policies the suite must accept (CORRECT) and reject (MUTANTS).
+
+``FifoPrefillFirst`` is prefill_first written from the interface alone, as a third party would; each mutant
+changes one thing of it. decode_first (which overtakes prefills with decodes) must pass as well.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from nanocore.interfaces import ScheduleDecision, SchedulerPolicy, SchedulerState, add_prefill_chunks, check_options
+from nanocore_conformance import SchedulerPolicyConformance, bind_all
+from nanocore_decode_first import DecodeFirstPolicy
+
+
+class FifoPrefillFirst(SchedulerPolicy):
+    """Prefill chunks (running prompts, then waiting ones in order) if any fit, otherwise one decode each."""
+
+    def __init__(self, options=None):
+        super().__init__(check_options("fifo_prefill_first", dict(options or {}), {"chunk_size": int}))
+        self.chunk_size = self.options.get("chunk_size", 0)
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks, self.chunk_size)
+        if decision.items:
+            return decision
+        for seq in state.running:
+            if len(decision.items) >= budget.max_num_seqs or decision.num_tokens >= budget.max_num_batched_tokens:
+                break
+            decision.add(seq, 1)
+        return decision
+
+
+class ChunkedFifoPrefillFirst(FifoPrefillFirst):
+    """The same with 5-token prefill chunks."""
+
+    bound_options = {"chunk_size": 5}
+
+
+class DecodeFirstChunk8(DecodeFirstPolicy):
+    """decode_first with 8-token chunks."""
+
+    bound_options = {"chunk_size": 8}
+
+
+class ShortestPromptFirst(FifoPrefillFirst):
+    """Admits the shortest waiting prompt first: a long prompt starves while short ones keep arriving."""
+
+    def schedule(self, state, budget):
+        waiting = sorted(state.waiting, key=lambda seq: seq.num_prompt_tokens)
+        return super().schedule(SchedulerState(waiting, state.running), budget)
+
+
+class IgnoresTokenBudget(FifoPrefillFirst):
+    """Schedules every uncomputed token of up to max_num_seqs sequences, whatever the token budget."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        for seq in [*state.running, *state.waiting][:budget.max_num_seqs]:
+            decision.add(seq, seq.num_uncomputed_tokens)
+        return decision
+
+
+class IgnoresMaxNumSeqs(FifoPrefillFirst):
+    """Never checks max_num_seqs (as if the core trimmed the batch)."""
+
+    def schedule(self, state, budget):
+        return super().schedule(state, replace(budget, max_num_seqs=1 << 30))
+
+
+class SchedulesTwice(FifoPrefillFirst):
+    """Mixed steps: prefill chunks, then a decode for every running sequence, even one just given a chunk."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks)
+        for seq in state.running:
+            if decision.num_tokens < budget.max_num_batched_tokens and len(decision.items) < budget.max_num_seqs:
+                decision.add(seq, 1)
+        return decision
+
+
+class SchedulesZeroTokens(FifoPrefillFirst):
+    """Gives each sequence min(uncomputed, budget left) tokens, which is 0 once the budget is spent."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        for seq in [*state.running, *state.waiting][:budget.max_num_seqs]:
+            decision.add(seq, min(seq.num_uncomputed_tokens, budget.max_num_batched_tokens - decision.num_tokens))
+        return decision
+
+
+class ChunkFromPromptLength(FifoPrefillFirst):
+    """Sizes a prefill chunk from the prompt length, not the uncomputed tokens: a resumed prompt overshoots."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        for seq in [*(s for s in state.running if s.num_uncomputed_tokens > 1), *state.waiting]:
+            room = budget.max_num_batched_tokens - decision.num_tokens
+            if room <= 0 or len(decision.items) >= budget.max_num_seqs:
+                break
+            decision.add(seq, min(seq.num_prompt_tokens, room))
+        return decision if decision.items else super().schedule(state, budget)
+
+
+class AdvancesSequences(FifoPrefillFirst):
+    """Does the core's bookkeeping itself: advances num_computed_tokens of what it schedules."""
+
+    def schedule(self, state, budget):
+        decision = super().schedule(state, budget)
+        for item in decision.items:
+            item.seq.num_computed_tokens += item.num_tokens
+        return decision
+
+
+class PopsAdmittedFromWaiting(FifoPrefillFirst):
+    """Removes the prompts it admits from state.waiting, as if the queue were its own."""
+
+    def schedule(self, state, budget):
+        decision = super().schedule(state, budget)
+        for item in decision.items:
+            if item.seq in state.waiting:
+                state.waiting.remove(item.seq)
+        return decision
+
+
+class RotatesDecodesPerCall(FifoPrefillFirst):
+    """Rotates which running sequences decode first with a counter advanced on every call."""
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.calls = 0
+
+    def schedule(self, state, budget):
+        self.calls += 1
+        start = self.calls % max(1, len(state.running))
+        running = [*state.running[start:], *state.running[:start]]
+        return super().schedule(SchedulerState(state.waiting, running), budget)
+
+
+CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8]
+MUTANTS = [ShortestPromptFirst, IgnoresTokenBudget, IgnoresMaxNumSeqs, SchedulesTwice, SchedulesZeroTokens,
+           ChunkFromPromptLength, AdvancesSequences, PopsAdmittedFromWaiting, RotatesDecodesPerCall]
+bind_all(globals(), SchedulerPolicyConformance, CORRECT + MUTANTS)
