@@ -235,7 +235,7 @@ class LLMEngine:
             request = requests[seq.request_id]
             try:
                 done = self._check_finish(seq, request.detokenizers[seq.index])
-            except Exception as exc:  # noqa: BLE001 - one request's detokenizer must not take the step down
+            except Exception as exc:  # one request's detokenizer must not take the step down
                 logger.exception("request %s: the stop check failed; finishing it with reason 'error'", seq.request_id)
                 seq.finish_reason, seq.stop_reason, done = "error", f"{type(exc).__name__}: {exc}", True
             if done:

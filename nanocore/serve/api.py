@@ -51,7 +51,7 @@ class ServerState:
             return self.front.llm.apply_chat_template(messages, body.add_generation_prompt, body.chat_template_kwargs)
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from None
-        except Exception as exc:  # noqa: BLE001 - a template that rejects these messages (roles, order)
+        except Exception as exc:  # a template that rejects these messages (roles, order)
             raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
 
     def check_n(self, n: int) -> None:
@@ -117,7 +117,8 @@ def add_info_routes(app: FastAPI, state: ServerState) -> None:
         engine = state.front.engine
         return {"version": nanocore.__version__, "model": engine.config.model, "device": str(engine.device),
                 "served_model_name": state.served_model_name, "backends": state.backends,
-                "vocab_size": getattr(engine.loaded.hf_config, "vocab_size", None), "max_model_len": engine.max_model_len}
+                "vocab_size": getattr(engine.loaded.hf_config, "vocab_size", None),
+                "max_model_len": engine.max_model_len}
 
     @app.get("/metrics")
     async def metrics():

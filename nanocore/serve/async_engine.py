@@ -12,7 +12,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import torch
 
@@ -53,7 +53,7 @@ class AsyncEngine:
         return self._num_waiting
 
     async def submit(self, prompt_token_ids: list[int], params: SamplingParams,
-                     streaming: bool = False) -> "RequestStream":
+                     streaming: bool = False) -> RequestStream:
         """Queue a request; raises APIError 429 / 503 when refused, ValueError when the engine rejects it."""
         if not self._accepting or not self.is_alive:
             raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
@@ -120,7 +120,7 @@ class AsyncEngine:
             # a whole-body request is detokenized once at the end (no per-step host work: async scheduling stays on)
             tracked.engine_request = self.engine.add_request(tracked.prompt_token_ids, tracked.params,
                                                              request_id=tracked.request_id, stream=tracked.streaming)
-        except Exception as exc:  # noqa: BLE001 - a rejected prompt must not stop the loop
+        except Exception as exc:  # a rejected prompt must not stop the loop
             self._count_started()
             tracked.loop.call_soon_threadsafe(_settle, tracked.accepted, exc)
             return
@@ -130,7 +130,7 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             finished = self.engine.step()
-        except Exception as exc:  # noqa: BLE001 - fail what was in flight, keep serving
+        except Exception as exc:  # fail what was in flight, keep serving
             logger.exception("engine step failed; failing the requests in flight")
             for request_id in list(self._tracked):
                 self._fail(request_id, f"engine step failed: {exc}")
@@ -141,7 +141,7 @@ class AsyncEngine:
         for request_id, tracked in list(self._tracked.items()):
             try:
                 update = self._collect(tracked, outputs.get(request_id), now)
-            except Exception as exc:  # noqa: BLE001 - this request's output code failed: fail it alone
+            except Exception as exc:  # this request's output code failed: fail it alone
                 logger.exception("request %s failed while building its output", request_id)
                 self._fail(request_id, f"building the output failed: {exc}")
                 continue

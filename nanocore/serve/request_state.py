@@ -24,7 +24,7 @@ class SampleDelta:
     finish_reason: str | None = None
     stop_reason: int | str | None = None
 
-    def extend(self, later: "SampleDelta") -> None:
+    def extend(self, later: SampleDelta) -> None:
         """Append a later delta of the same sample (a slow reader gets one merged chunk)."""
         self.text += later.text
         self.token_ids += later.token_ids
