@@ -156,8 +156,9 @@ def server_info(url: str) -> dict:
 @contextlib.contextmanager
 def thread_server(config):
     from nanocore.engine.llm import LLM
-    from nanocore.serve.server import ServerThread, create_app
+    from nanocore.serve.server import GIL_SWITCH_INTERVAL_S, ServerThread, create_app
 
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as 'nanocore serve' does
     app = create_app(LLM(config=config), max_waiting_requests=1 << 20)
     with ServerThread(app, startup_timeout_s=60) as url:
         yield url

@@ -3,6 +3,7 @@ background thread on a free port (tests, ``nanocore bench serve``)."""
 from __future__ import annotations
 
 import socket
+import sys
 import threading
 import time
 
@@ -13,6 +14,10 @@ from nanocore.engine.llm import LLM
 from nanocore.engine.workers import backend_names
 from nanocore.serve.api import ServerState, build_app
 from nanocore.serve.async_engine import AsyncEngine
+
+#: The engine thread waits for the GPU with the GIL released; when the wait ends it must get the GIL back from
+#: the HTTP thread within about this long (Python's default, 5 ms, can idle the GPU for a whole decode step).
+GIL_SWITCH_INTERVAL_S = 0.0005
 
 
 def backends_in_use(engine) -> dict[str, str | None]:
@@ -35,6 +40,7 @@ def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | No
 def serve(app: FastAPI, host: str, port: int, drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
     """Run until SIGINT / SIGTERM: new connections are refused, in-flight requests get ``drain_timeout_s`` to
     finish, then the rest are aborted and the engine loop stops."""
+    sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout_s,
                 timeout_keep_alive=30)
 
