@@ -1,1 +1,0 @@
-"""Test helpers shared by plugin test suites (reference models, simulated engine state); needs hypothesis."""
