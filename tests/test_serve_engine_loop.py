@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -123,6 +124,16 @@ def test_a_failing_step_fails_the_requests_in_flight_and_the_loop_goes_on(monkey
         later = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
         assert later.status_code == 200 and later.json()["usage"]["completion_tokens"] == 10
         assert app.state.serve.front.is_alive and httpx.get(f"{url}/health").status_code == 200
+
+
+def test_stream_interval_sends_fewer_larger_chunks():
+    with running_server(tiny_llm(), stream_interval=4) as (url, _):
+        body = {"prompt": [1, 2], "max_tokens": 10, "ignore_eos": True, "stream": True, "n": 2}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
+            chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
+    for index in (0, 1):
+        finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["index"] == index]
+        assert finishes == [None, None, None, "length"]  # tokens 1, 2-5, 6-9, 10
 
 
 def test_metrics_after_traffic():

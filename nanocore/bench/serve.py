@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untimed pass first: the workload with shifted ids (default), one request, or none")
     p.add_argument("--compare-offline", action="store_true",
                    help="also run the offline throughput pass on the same config and report served / offline")
+    p.add_argument("--stream-interval", type=int, default=1,
+                   help="without --url: the server's tokens per streamed chunk after the first (default 1)")
     p.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for the server (default 900)")
 
 
@@ -84,6 +86,7 @@ def run_from_args(args) -> int:
     print(format_table(rows, COLUMNS + (["served_over_offline"] if offline else [])))
     write_json(args.json, {
         "command": "bench serve", "url": args.url, "server": None if args.url else args.server,
+        "stream_interval": None if args.url else args.stream_interval,
         "workload": {"num_prompts": args.num_prompts, "min_len": args.min_len, "max_len": args.max_len,
                      "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True},
         "rows": rows, "offline": offline, "server_info": info,
@@ -140,10 +143,10 @@ def server_url(args, config):
     if args.url:
         yield args.url.rstrip("/"), server_info(args.url.rstrip("/"))
     elif args.server == "thread":
-        with thread_server(config) as url:
+        with thread_server(config, args.stream_interval) as url:
             yield url, server_info(url)
     else:
-        with process_server(config, args.startup_timeout, getattr(args, "threads", None)) as url:
+        with process_server(config, args.startup_timeout, getattr(args, "threads", None), args.stream_interval) as url:
             yield url, server_info(url)
 
 
@@ -154,18 +157,18 @@ def server_info(url: str) -> dict:
 
 
 @contextlib.contextmanager
-def thread_server(config):
+def thread_server(config, stream_interval: int = 1):
     from nanocore.engine.llm import LLM
     from nanocore.serve.server import GIL_SWITCH_INTERVAL_S, ServerThread, create_app
 
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # as 'nanocore serve' does
-    app = create_app(LLM(config=config), max_waiting_requests=1 << 20)
+    app = create_app(LLM(config=config), max_waiting_requests=1 << 20, stream_interval=stream_interval)
     with ServerThread(app, startup_timeout_s=60) as url:
         yield url
 
 
 @contextlib.contextmanager
-def process_server(config, startup_timeout_s: float, threads: int | None = None):
+def process_server(config, startup_timeout_s: float, threads: int | None = None, stream_interval: int = 1):
     """A child ``nanocore serve`` on a free port with ``config`` written to a TOML file."""
     from nanocore.serve.server import free_port
 
@@ -175,7 +178,8 @@ def process_server(config, startup_timeout_s: float, threads: int | None = None)
         with open(path, "w") as f:
             f.write(config_toml(config))
         command = [sys.executable, "-m", "nanocore.cli.main", "serve", "--config", path, "--port", str(port),
-                   "--max-waiting-requests", str(1 << 20), "--log-level", "warning"]
+                   "--max-waiting-requests", str(1 << 20), "--stream-interval", str(stream_interval),
+                   "--log-level", "warning"]
         command += ["--threads", str(threads)] if threads else []
         proc = subprocess.Popen(command)
         try:

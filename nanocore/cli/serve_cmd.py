@@ -26,6 +26,8 @@ def register(subparsers) -> None:
                    help="requests queued but not yet running before new ones get HTTP 429 (default 1024)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted (default 30)")
+    s.add_argument("--stream-interval", type=int, default=1,
+                   help="tokens per streamed chunk after the first (default 1; larger = less HTTP work per token)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -41,7 +43,7 @@ def run(args) -> int:
     logging.getLogger("nanocore").setLevel(logging.INFO)
     llm = LLM(config=config)
     app = create_app(llm, args.served_model_name, args.api_key or os.environ.get(API_KEY_ENV),
-                     args.max_waiting_requests, args.drain_timeout)
+                     args.max_waiting_requests, args.drain_timeout, args.stream_interval)
     backends = app.state.serve.backends
     print(f"nanocore serve: {app.state.serve.served_model_name} on http://{args.host}:{args.port}/v1 "
           f"({', '.join(f'{k}={v}' for k, v in backends.items())})", flush=True)

@@ -28,10 +28,14 @@ IDLE_WAIT_S = 0.5  # an idle loop re-checks its stop flag this often
 
 
 class AsyncEngine:
-    def __init__(self, llm: LLM, max_waiting_requests: int = 1024, metrics: ServerMetrics | None = None):
+    def __init__(self, llm: LLM, max_waiting_requests: int = 1024, metrics: ServerMetrics | None = None,
+                 stream_interval: int = 1):
+        if stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1 (tokens per streamed chunk), got {stream_interval}")
         self.llm = llm
         self.engine = llm.engine
         self.max_waiting_requests = max_waiting_requests
+        self.stream_interval = stream_interval
         self.metrics = metrics or ServerMetrics()
         self._commands: deque = deque()  # ("add", TrackedRequest) / ("abort", request_id), from any thread
         self._wake = threading.Event()
@@ -64,7 +68,7 @@ class AsyncEngine:
                                code="rate_limit_exceeded")
             self._num_waiting += 1
         tracked = TrackedRequest(f"req-{uuid.uuid4().hex}", prompt_token_ids, params, asyncio.get_running_loop(),
-                                 streaming)
+                                 streaming, self.stream_interval)
         self._send_command(("add", tracked))
         try:
             await tracked.accepted

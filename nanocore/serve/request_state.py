@@ -51,16 +51,18 @@ class TrackedRequest:
     """Owned by the engine loop thread once added; it hands updates to the asyncio side through ``queue``."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop, streaming: bool):
+                 loop: asyncio.AbstractEventLoop, streaming: bool, stream_interval: int = 1):
         self.request_id = request_id
-        self.streaming = streaming  # build a delta every step (else only the final output)
+        self.streaming = streaming  # build deltas as tokens come (else only the final output)
+        self.stream_interval = stream_interval  # tokens per delta after the first one (fewer, larger chunks)
         self.prompt_token_ids = prompt_token_ids
         self.params = params
         self.loop = loop
         self.queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
         self.accepted: asyncio.Future = loop.create_future()
         self.engine_request = None  # the engine's Request, once the loop thread added it
-        self.num_sent = [0] * params.n
+        self.num_seen = [0] * params.n  # output tokens per sample at the last step (times TTFT / ITL)
+        self.num_sent = [0] * params.n  # output tokens per sample already in a delta
         self.started = False  # admitted to a step at least once (no longer counts as waiting)
         self.arrival_time = time.perf_counter()
         self.first_token_time: float | None = None
@@ -75,14 +77,16 @@ class TrackedRequest:
         """What is new since the last call; None when nothing is. Runs on the engine loop thread."""
         deltas, grew, error = [], False, None
         for seq, detokenizer in zip(self.engine_request.seqs, self.engine_request.detokenizers):
-            sent = self.num_sent[seq.index]
-            if seq.num_output_tokens == sent:
+            index, num_output = seq.index, seq.num_output_tokens
+            if num_output == self.num_seen[index]:
                 continue
-            grew, self.num_sent[seq.index] = True, seq.num_output_tokens
+            grew, self.num_seen[index] = True, num_output
             if seq.finish_reason == ERROR_FINISH:
                 error = f"generation failed: {seq.stop_reason}"
-            if self.streaming:
+            sent = self.num_sent[index]
+            if self.streaming and (sent == 0 or seq.is_finished or num_output - sent >= self.stream_interval):
                 deltas.append(self._delta(engine, seq, detokenizer, sent))
+                self.num_sent[index] = num_output
         if not grew and output is None:
             return None
         return RequestUpdate(deltas, finished=output is not None or error is not None, output=output, error=error,

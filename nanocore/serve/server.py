@@ -29,9 +29,9 @@ def backends_in_use(engine) -> dict[str, str | None]:
 
 
 def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | None = None,
-               max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0) -> FastAPI:
+               max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1) -> FastAPI:
     """The app with its engine loop already running (it stops at the app's shutdown)."""
-    front = AsyncEngine(llm, max_waiting_requests=max_waiting_requests)
+    front = AsyncEngine(llm, max_waiting_requests=max_waiting_requests, stream_interval=stream_interval)
     state = ServerState(front, served_model_name or llm.config.model, api_key, backends_in_use(llm.engine),
                         drain_timeout_s)
     return build_app(state)
