@@ -3,7 +3,7 @@ machine that drives a real backend and the model side by side through a simulate
 
 The simulation also tracks the ground truth of every physical block (the token prefix whose KV it holds,
 ``None`` while uncomputed), so a stale or uncomputed block returned by ``match`` fails independently of
-the model. Used by the hash and radix plugins' tests; the shared conformance suite may import it.
+the model. Used by the hash and radix plugins' tests for their exact eviction order.
 """
 from __future__ import annotations
 

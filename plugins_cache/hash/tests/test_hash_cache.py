@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 
 from nanocore.plugins import get_registry
-from nanocore.testing.prefix_cache_reference import OPS, prefix_cache_machine, replay
+from nanocore_conformance.prefix_cache_reference import OPS, prefix_cache_machine, replay
 from nanocore_hash import HashPrefixCache
 
 

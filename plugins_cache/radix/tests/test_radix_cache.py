@@ -3,7 +3,7 @@ import pytest
 from hypothesis import settings
 
 from nanocore.plugins import get_registry
-from nanocore.testing.prefix_cache_reference import prefix_cache_machine
+from nanocore_conformance.prefix_cache_reference import prefix_cache_machine
 from nanocore_radix import RadixPrefixCache
 
 
