@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -30,15 +31,26 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> No
     raise AssertionError("the server did not become healthy")
 
 
+def read_stream(url: str, max_tokens: int, results: list) -> None:
+    body = {"prompt": [1, 2, 3], "max_tokens": max_tokens, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    try:
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=120) as response:
+            results.extend(line[6:] for line in response.iter_lines() if line.startswith("data: "))
+    except httpx.HTTPError as exc:  # the aborted stream may end without its terminating chunk
+        results.append(f"closed: {type(exc).__name__}")
+
+
 def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path):
-    """--kv-codec int8 (flag), scheduler_policy (TOML), prefix_cache (env) reach /version; SIGTERM lets a running
-    stream finish, then the process ends (uvicorn re-raises the signal after its graceful shutdown)."""
+    """--kv-codec int8 (flag), scheduler_policy (TOML), prefix_cache (env) reach /version. On SIGTERM a short stream
+    finishes, one longer than --drain-timeout ends with an error event, and the process ends (uvicorn re-raises
+    the signal after its graceful shutdown)."""
     config = tmp_path / "engine.toml"
-    config.write_text('scheduler_policy = "decode_first"\nnum_kv_blocks = 64\n')
+    config.write_text('scheduler_policy = "decode_first"\nnum_kv_blocks = 512\n')
     port = free_port()
     env = {**os.environ, "NANOCORE_PREFIX_CACHE": "radix"}
     proc = subprocess.Popen([*CLI, "serve", *TINY, "--kv-codec", "int8", "--config", str(config), "--port", str(port),
-                             "--drain-timeout", "30", "--log-level", "warning"],
+                             "--drain-timeout", "4", "--log-level", "warning"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -46,19 +58,29 @@ def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path):
         backends = httpx.get(f"{url}/version").json()["backends"]
         assert backends == {"linear_method": "unquantized", "kv_codec": "int8", "moe_executor": None,
                             "prefix_cache": "radix", "scheduler_policy": "decode_first"}
-        body = {"prompt": [1, 2, 3], "max_tokens": 200, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
-            events = response.iter_lines()
-            assert next(events).startswith("data: ")
-            proc.send_signal(signal.SIGTERM)
-            payloads = [line[6:] for line in events if line.startswith("data: ")]
-        assert payloads[-1] == "[DONE]" and json.loads(payloads[-2])["usage"]["completion_tokens"] == 200
+        short, long = [], []
+        readers = [threading.Thread(target=read_stream, args=(url, n, out)) for n, out in ((100, short), (4000, long))]
+        for reader in readers:
+            reader.start()
+        assert wait_until(lambda: short and long)
+        proc.send_signal(signal.SIGTERM)
+        for reader in readers:
+            reader.join(timeout=60)
+        assert short[-1] == "[DONE]" and json.loads(short[-2])["usage"]["completion_tokens"] == 100
+        assert json.loads(long[-2])["error"]["message"] == "the server is shutting down"  # cut at the drain timeout
+        assert long[-1] == "[DONE]" and len(long) < 4000
         assert proc.wait(timeout=60) in (0, -signal.SIGTERM)
         assert "Traceback" not in proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def wait_until(condition, timeout_s: float = 60) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return bool(condition())
 
 
 def test_config_errors_print_one_clean_line_per_problem(capsys):

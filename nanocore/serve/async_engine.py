@@ -81,6 +81,14 @@ class AsyncEngine:
         """Stop a request and free its KV blocks (thread-safe; a finished or unknown id is ignored)."""
         self._send_command(("abort", request_id))
 
+    def stop_accepting(self) -> None:
+        """New requests get 503 from now on (shutdown started); running ones go on."""
+        self._accepting = False
+
+    def abort_all(self, message: str = "the server is shutting down") -> None:
+        """End every request in flight with a 503 error (their streams close cleanly); thread-safe."""
+        self._send_command(("abort_all", message))
+
     def close(self, drain_timeout_s: float = 0.0) -> None:
         """Refuse new requests, let running ones finish for up to ``drain_timeout_s``, abort the rest, stop."""
         self._accepting = False
@@ -116,6 +124,9 @@ class AsyncEngine:
             kind, payload = self._commands.popleft()
             if kind == "add":
                 self._add(payload)
+            elif kind == "abort_all":
+                for request_id in list(self._tracked):
+                    self._fail(request_id, payload, status=503)
             elif payload in self._tracked:
                 self._remove(payload, abort=True)
 

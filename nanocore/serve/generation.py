@@ -77,8 +77,8 @@ async def stream_events(front: AsyncEngine, streams: list[RequestStream], shape:
     try:
         async for prompt_index, update in merged_updates(streams):
             if update.error is not None:
-                yield sse(APIError(update.status, update.error, type="server_error").body())
-                break
+                yield sse(APIError(update.status, update.error, type="server_error").body()) + DONE
+                return
             chunks = []
             for delta in update.deltas:
                 index = prompt_index * n + delta.index

@@ -2,6 +2,7 @@
 background thread on a free port (tests, ``nanocore bench serve``)."""
 from __future__ import annotations
 
+import asyncio
 import socket
 import sys
 import threading
@@ -18,6 +19,7 @@ from nanocore.serve.async_engine import AsyncEngine
 #: The engine thread waits for the GPU with the GIL released; when the wait ends it must get the GIL back from
 #: the HTTP thread within about this long (Python's default, 5 ms, can idle the GPU for a whole decode step).
 GIL_SWITCH_INTERVAL_S = 0.0005
+SHUTDOWN_BACKSTOP_S = 10.0  # uvicorn cancels what is left this long after the drain timeout
 
 
 def backends_in_use(engine) -> dict[str, str | None]:
@@ -39,10 +41,28 @@ def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | No
 
 def serve(app: FastAPI, host: str, port: int, drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
     """Run until SIGINT / SIGTERM: new connections are refused, in-flight requests get ``drain_timeout_s`` to
-    finish, then the rest are aborted and the engine loop stops."""
+    finish, then the rest end with a 503 error and the engine loop stops."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=drain_timeout_s,
-                timeout_keep_alive=30)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30,
+                            timeout_graceful_shutdown=drain_timeout_s + SHUTDOWN_BACKSTOP_S)
+    DrainingServer(config, app.state.serve.front, drain_timeout_s).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's graceful shutdown, plus: after ``drain_timeout_s`` the requests still running are ended by the
+    engine front (a clean 503 / stream error event) instead of uvicorn cancelling their tasks."""
+
+    def __init__(self, config: uvicorn.Config, front: AsyncEngine, drain_timeout_s: float):
+        super().__init__(config)
+        self.front, self.drain_timeout_s = front, drain_timeout_s
+
+    async def shutdown(self, sockets=None) -> None:
+        self.front.stop_accepting()
+        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self.front.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            timer.cancel()
 
 
 def free_port(host: str = "127.0.0.1") -> int:
