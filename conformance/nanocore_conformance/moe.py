@@ -1,15 +1,18 @@
-"""MoEExecutorConformance: ``apply`` against the ``eager`` oracle, dropped slots, bad shapes."""
+"""MoEExecutorConformance: ``apply`` against the ``eager`` oracle (small shapes, and batches from 1 to a few
+hundred tokens over up to 64 experts with skewed routing, crossing executors' batch-size thresholds), dropped
+slots, bad shapes."""
 from __future__ import annotations
 
 from typing import ClassVar
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from nanocore.builtin.eager_moe import EagerMoEExecutor
-from nanocore_conformance.base import assert_close, check_tolerance_declaration, generator, randn, suite_settings
+from nanocore_conformance.base import (MAX_EXAMPLES, assert_close, check_tolerance_declaration, generator, randn,
+                                       suite_settings)
 from nanocore_conformance.contract import BackendContractConformance
 
 moe_shapes = st.fixed_dictionaries({
@@ -21,16 +24,45 @@ moe_shapes = st.fixed_dictionaries({
     "dropped": st.booleans(),  # some slots routed to no expert (id -1 or >= E)
 })
 
+#: Batches an executor may treat differently (tile sizes, chunking, a grouped path above some M): 1 to a few hundred
+#: tokens, up to 64 experts (past 32: ids that do not fit 5 bits), top_k up to 8, routing from even to one hot
+#: expert with others idle. Hidden and intermediate stay small, so interpreted Triton kernels stay cheap.
+batch_shapes = st.fixed_dictionaries({
+    "tokens": st.one_of(st.integers(1, 4), st.integers(5, 320)),
+    "experts": st.sampled_from([2, 8, 33, 64]),
+    "top_k": st.sampled_from([1, 2, 4, 8]),
+    "skew": st.sampled_from([0.0, 0.5, 2.0]),
+    "dropped": st.booleans(),
+})
+# a few costly examples each: shrinking would rerun the kernels hundreds of times, and the failure names the shape
+batch_settings = settings(suite_settings, max_examples=max(1, MAX_EXAMPLES // 3),
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate], report_multiple_bugs=False)
+
+
+def skewed_routing(shape, g: torch.Generator) -> torch.Tensor:
+    """``topk_ids [M, K]``: distinct experts per token (when K <= E) drawn with popularity ``exp(-skew * e)``,
+    so with skew some experts get most slots and others none."""
+    m, e, k = shape["tokens"], shape["experts"], shape["top_k"]
+    popularity = torch.exp(-shape["skew"] * torch.arange(e, dtype=torch.float32))
+    popularity = popularity[torch.randperm(e, generator=g)]
+    ids = torch.multinomial(popularity.expand(m, e), k, replacement=k > e, generator=g)
+    if shape["dropped"]:
+        drop = torch.rand(m, k, generator=g) < 0.2
+        ids = torch.where(drop, torch.where(torch.rand(m, k, generator=g) < 0.5, -1, e), ids)
+    return ids
+
 
 def moe_case(shape, hidden_multiple, intermediate_multiple, dtype, device, seed):
     """Random routed tokens and expert weights; ``topk_ids`` may repeat and may point at no expert."""
     m, e, k = shape["tokens"], shape["experts"], shape["top_k"]
-    h, i = shape["hidden_units"] * hidden_multiple, shape["intermediate_units"] * intermediate_multiple
+    h, i = shape.get("hidden_units", 2) * hidden_multiple, shape.get("intermediate_units", 2) * intermediate_multiple
     g = generator(seed)
     x = randn(m, h, seed_gen=g, dtype=dtype, device=device)
     topk_weights = torch.rand(m, k, generator=g).to(dtype=dtype, device=device)
     topk_ids = torch.randint(0, e, (m, k), generator=g)
-    if shape["dropped"]:
+    if "skew" in shape:
+        topk_ids = skewed_routing(shape, g)
+    elif shape["dropped"]:
         drop = torch.rand(m, k, generator=g) < 0.4
         topk_ids = torch.where(drop, torch.where(torch.rand(m, k, generator=g) < 0.5, -1, e), topk_ids)
     w13 = randn(e, 2 * i, h, seed_gen=g, dtype=dtype, device=device, scale=h ** -0.5)
@@ -49,7 +81,8 @@ class MoEExecutorConformance(BackendContractConformance):
         out = backend_cls(options).apply(*args, activation=activation)
         expected = EagerMoEExecutor().apply(*args, activation=activation)
         assert out.dtype == dtype, f"apply returned {out.dtype}, expected x.dtype {dtype}"
-        assert_close(out, expected, backend_cls.tolerance, f"{self.backend} MoE ({activation}) vs eager")
+        where = f"M={args[0].shape[0]} tokens, E={args[3].shape[0]} experts, top_k={args[2].shape[1]}"
+        assert_close(out, expected, backend_cls.tolerance, f"{self.backend} MoE ({activation}, {where}) vs eager")
 
     def test_tolerance_declared(self, backend_cls):
         check_tolerance_declaration(backend_cls)
@@ -60,6 +93,14 @@ class MoEExecutorConformance(BackendContractConformance):
     @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1), data=st.data())
     def test_apply_matches_eager(self, backend_cls, backend_options, dtype, device, shape, seed, data):
         activation = data.draw(st.sampled_from(list(backend_cls.activations)))
+        self._check(backend_cls, backend_options, dtype, device, shape, seed, activation)
+
+    @batch_settings
+    @given(shape=batch_shapes, seed=st.integers(0, 2**31 - 1))
+    @example(shape={"tokens": 300, "experts": 8, "top_k": 2, "skew": 0.0, "dropped": False}, seed=0)  # 75 rows/expert
+    @example(shape={"tokens": 97, "experts": 64, "top_k": 8, "skew": 2.0, "dropped": True}, seed=1)  # hot and idle
+    def test_batches_across_size_thresholds_match_eager(self, backend_cls, backend_options, dtype, device, shape, seed):
+        activation = backend_cls.activations[seed % len(backend_cls.activations)]
         self._check(backend_cls, backend_options, dtype, device, shape, seed, activation)
 
     def test_tokens_routed_to_no_expert_contribute_nothing(self, backend_cls, backend_options, dtype, device):
@@ -92,4 +133,11 @@ class MoEExecutorConformance(BackendContractConformance):
     @suite_settings
     @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1))
     def test_apply_matches_eager_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed):
+        self._check(backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed, backend_cls.activations[0])
+
+    @pytest.mark.cuda
+    @batch_settings
+    @given(shape=batch_shapes, seed=st.integers(0, 2**31 - 1))
+    def test_batches_across_size_thresholds_match_eager_on_cuda(self, backend_cls, backend_options, cuda_dtype,
+                                                                cuda_device, shape, seed):
         self._check(backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed, backend_cls.activations[0])

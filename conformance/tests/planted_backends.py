@@ -6,33 +6,18 @@ each selected check to fail.
 from __future__ import annotations
 
 import pytest
-import torch.nn.functional as F
 
-from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.toolkit.kv import flat_slots
-from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore_conformance import (
     KVCodecConformance,
-    LinearMethodConformance,
-    MoEExecutorConformance,
 )
-
-
-class ScaledLinear(UnquantizedLinearMethod):
-    def apply(self, layer, x, bias=None):
-        return F.linear(x, layer.weight * 1.01, bias)  # bug: 1% off
 
 
 class WritesSlotMinusOne(UnquantizedKVCodec):
     def store(self, cache, k, v, slot_mapping):
         flat_slots(cache.k)[slot_mapping] = k.to(cache.k.dtype)  # bug: -1 writes the last slot
         flat_slots(cache.v)[slot_mapping] = v.to(cache.v.dtype)
-
-
-class CountsDroppedSlots(EagerMoEExecutor):
-    def apply(self, x, topk_weights, topk_ids, w13, w2, activation="silu"):
-        return super().apply(x, topk_weights, topk_ids.clamp(0, w13.shape[0] - 1), w13, w2, activation)
 
 
 def planted(base, cls):
@@ -43,6 +28,4 @@ def planted(base, cls):
     })
 
 
-TestScaledLinear = planted(LinearMethodConformance, ScaledLinear)
 TestWritesSlotMinusOne = planted(KVCodecConformance, WritesSlotMinusOne)
-TestCountsDroppedSlots = planted(MoEExecutorConformance, CountsDroppedSlots)

@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options, choice_option
+from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import (
     CheckpointFormatError,
@@ -75,6 +75,10 @@ class AWQLinearMethod(LinearMethod):
         scales_dtype = torch.float16 if params_dtype == torch.float32 else params_dtype
         add_param(layer, "scales", (k // g, n), scales_dtype, weight_loader, "awq", full_input=input_size // g,
                   input_dim=0, output_dim=1)
+
+    def quant_scheme(self) -> QuantScheme:
+        """int4 weights, a scale and a zero point per ``group_size`` inputs of a row; activations not rounded."""
+        return QuantScheme(weights=QuantArgs(4, "int", "group", group_size=self.group_size, symmetric=False))
 
     def process_weights_after_loading(self, layer):
         check_all_loaded(layer, list(_TENSORS), "awq")

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options, choice_option
+from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_per_row
@@ -60,6 +60,12 @@ class CutlassFp8LinearMethod(LinearMethod):
         self.output_size = sum(output_partition_sizes)
         self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.activation_scheme == "static")
         self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
+
+    def quant_scheme(self) -> QuantScheme:
+        """fp8 e4m3 weights per output channel; fp8 activations per token (dynamic) or per tensor (static)."""
+        static = self.activation_scheme == "static"
+        activations = QuantArgs(8, "float", "tensor" if static else "token", dynamic=not static)
+        return QuantScheme(weights=QuantArgs(8, "float", "channel"), input_activations=activations)
 
     def process_weights_after_loading(self, layer):
         self.weights.finish(layer)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options, choice_option
+from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
 from nanocore.toolkit.gemm import gemm_input_rows
@@ -73,6 +73,10 @@ class Fp8W8A16LinearMethod(_Fp8Base):
     tolerance = (0.04, 0.04)  # e4m3 rounds to 1/16 relative; measured worst 0.039 of max|y| on random shapes
     checkpoint_priority = 1  # "auto" on an fp8 checkpoint: bf16 activations, the accurate choice
 
+    def quant_scheme(self) -> QuantScheme:
+        """fp8 e4m3 weights, one scale per output channel; activations not rounded."""
+        return QuantScheme(weights=QuantArgs(8, "float", "channel"))
+
     def apply(self, layer, x, bias=None):
         if self._use_triton(x):
             return fp8_linear_triton(x, layer.weight, layer.weight_scale, bias)
@@ -115,6 +119,12 @@ class Fp8W8A8LinearMethod(_Fp8Base):
         if device.type == "cuda":
             return cuda_capability_reason(device, (8, 9), f"{cls.name} (fp8 tensor cores)")
         return None if device.type == "cpu" else f"{cls.name} runs on CPU or NVIDIA GPUs, not {device.type}"
+
+    def quant_scheme(self) -> QuantScheme:
+        """fp8 e4m3 weights per output channel; fp8 activations per token (dynamic) or per tensor (static)."""
+        static = self.activation_scheme == "static"
+        activations = QuantArgs(8, "float", "tensor" if static else "token", dynamic=not static)
+        return QuantScheme(weights=QuantArgs(8, "float", "channel"), input_activations=activations)
 
     def process_weights_after_loading(self, layer):
         super().process_weights_after_loading(layer)

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from nanocore.interfaces import LinearMethod, check_options, choice_option
+from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import CheckpointFormatError, quantize_checkpoint_linears
 from nanocore.toolkit.gemm import (
@@ -77,6 +77,15 @@ class _Int8Base(LinearMethod):
         (int8_w8a16 for a weight-only config, int8_w8a8 otherwise)."""
         matches = is_weight_only(quantization_config) == (cls.default_scheme == "none")
         return cls.checkpoint_priority + (_SCHEME_MATCH_BONUS if matches else 0)
+
+    def quant_scheme(self) -> QuantScheme:
+        """int8 symmetric weights per output channel; int8 activations per token (dynamic), per tensor (static)
+        or none (weight-only)."""
+        activations = None
+        if self.activation_scheme != "none":
+            static = self.activation_scheme == "static"
+            activations = QuantArgs(8, "int", "tensor" if static else "token", dynamic=not static)
+        return QuantScheme(weights=QuantArgs(8, "int", "channel"), input_activations=activations)
 
     def process_weights_after_loading(self, layer):
         self.weights.finish(layer)
