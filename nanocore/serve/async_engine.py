@@ -137,10 +137,10 @@ class AsyncEngine:
                                                              request_id=tracked.request_id, stream=tracked.streaming)
         except Exception as exc:  # a rejected prompt must not stop the loop
             self._count_started()
-            tracked.loop.call_soon_threadsafe(_settle, tracked.accepted, exc)
+            _call_soon(tracked.loop, _settle, tracked.accepted, exc)
             return
         self._tracked[tracked.request_id] = tracked
-        tracked.loop.call_soon_threadsafe(_settle, tracked.accepted, None)
+        _call_soon(tracked.loop, _settle, tracked.accepted, None)
 
     def _step(self) -> None:
         try:
