@@ -64,12 +64,11 @@ def parse_list(text: str | None, cast) -> list:
     return [None] if text is None else [cast(part) for part in str(text).split(",") if part.strip()]
 
 
-def run_from_args(args) -> int:
+def run_from_args(args, config) -> int:
+    """``config``: the EngineConfig of the server to start (None with ``--url``)."""
     from nanocore.bench.report import config_summary, environment, format_table, write_json
-    from nanocore.cli.common import engine_config_from_args
 
     rates, concurrencies = parse_list(args.request_rate, float), parse_list(args.concurrency, int)
-    config = None if args.url else engine_config_from_args(args)
     with server_url(args, config) as (url, info):
         workload = build_workload(args, args.vocab_size or info.get("vocab_size"))
         model = args.served_model_name or info.get("served_model_name")

@@ -95,6 +95,10 @@ def _run_single(args, command: str, measure, columns: list[str]) -> int:
     return 0
 
 
+def run_serve_cmd(args) -> int:
+    return serve_bench.run_from_args(args, None if args.url else engine_config_from_args(args))
+
+
 #: mode -> (help, add_arguments(parser), run(args) -> exit code)
 MODES = {
     "throughput": ("offline batch throughput (random prompts, ignore EOS)", add_throughput_args, run_throughput_cmd),
@@ -105,8 +109,7 @@ MODES = {
     "interference": ("a long prompt arriving during a decode: decode inter-token latency and its TTFT per "
                      "scheduling mode", interference_bench.add_arguments, interference_bench.run_interference_cmd),
     "serve": ("served throughput and TTFT / TPOT / ITL through the OpenAI API (fixed concurrency or Poisson "
-              "request rates), against --url or a server it starts", serve_bench.add_arguments,
-              serve_bench.run_from_args),
+              "request rates), against --url or a server it starts", serve_bench.add_arguments, run_serve_cmd),
 }
 
 
