@@ -1,7 +1,12 @@
 """Prometheus metrics of a server (vLLM's names with the ``nanocore:`` prefix), one registry per server."""
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import bisect
+import itertools
+import math
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.core import HistogramMetricFamily
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                 40.0, 80.0)
@@ -32,12 +37,12 @@ class ServerMetrics:
                                    registry=registry)
         self.finished = Counter(p + "request_success", "Finished samples by finish reason",
                                 ["finished_reason"], registry=registry)
-        self.ttft = Histogram(p + "time_to_first_token_seconds", "Arrival to first generated token",
-                              buckets=TTFT_BUCKETS, registry=registry)
-        self.itl = Histogram(p + "inter_token_latency_seconds", "Time between two tokens of a request",
-                             buckets=ITL_BUCKETS, registry=registry)
-        self.e2e = Histogram(p + "e2e_request_latency_seconds", "Arrival to last token",
-                             buckets=E2E_BUCKETS, registry=registry)
+        self.ttft = BucketHistogram(p + "time_to_first_token_seconds", "Arrival to first generated token",
+                                    TTFT_BUCKETS)
+        self.itl = BucketHistogram(p + "inter_token_latency_seconds", "Time between two tokens of a request",
+                                   ITL_BUCKETS)
+        self.e2e = BucketHistogram(p + "e2e_request_latency_seconds", "Arrival to last token", E2E_BUCKETS)
+        registry.register(HistogramCollector([self.ttft, self.itl, self.e2e]))
         self._last = {"prompt": 0, "generated": 0, "preemptions": 0}
 
     def record_step(self, engine, num_waiting: int) -> None:
@@ -68,3 +73,31 @@ class ServerMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class BucketHistogram:
+    """A Prometheus histogram for one writer thread: an observation is a bisect and an add, no lock (the engine
+    loop observes one inter-token latency per request per step)."""
+
+    def __init__(self, name: str, documentation: str, buckets: tuple[float, ...]):
+        self.name, self.documentation = name, documentation
+        self.bounds = [*buckets, math.inf]
+        self.counts = [0] * len(self.bounds)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # the first bucket with value <= bound
+        self.sum += value
+
+    def family(self) -> HistogramMetricFamily:
+        cumulative = itertools.accumulate(list(self.counts))
+        buckets = [("+Inf" if math.isinf(b) else repr(b), c) for b, c in zip(self.bounds, cumulative)]
+        return HistogramMetricFamily(self.name, self.documentation, buckets=buckets, sum_value=self.sum)
+
+
+class HistogramCollector:
+    def __init__(self, histograms: list[BucketHistogram]):
+        self.histograms = histograms
+
+    def collect(self):
+        return [h.family() for h in self.histograms]
