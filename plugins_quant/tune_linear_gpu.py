@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from nanocore_awq.kernels import awq_default_config, awq_linear_torch, awq_linear_triton
 
 from nanocore.toolkit.gemm import (
     GemmConfig,
@@ -26,30 +27,37 @@ from nanocore.toolkit.gemm import (
     weight_only_linear,
     weight_only_linear_torch,
 )
-from nanocore.toolkit.numerics import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.numerics import (
+    awq_pack,
+    quantize_fp8_per_row,
+    quantize_int8_per_row,
+)
 from nanocore.toolkit.timing import graph_time_ms
-from nanocore_awq.kernels import awq_default_config, awq_linear_torch, awq_linear_triton
 
 SHAPES = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584), "down_proj": (3584, 18944)}
 S = GemmConfig
-SPLITK_M1 = [S("splitk", 1, bn, bk, sk, w) for bn, bk, sk, w in [
-    (32, 256, 0, 4), (16, 256, 0, 4), (32, 512, 0, 4), (64, 256, 0, 4), (64, 128, 0, 4),
-    (32, 256, 1, 4), (8, 512, 0, 2), (32, 256, 8, 4)]]
-SPLITK_M16 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
-    (32, 256, 0, 4), (64, 128, 0, 4), (32, 128, 0, 4), (64, 256, 0, 4), (16, 256, 0, 4), (32, 512, 0, 4)]]
+#: M = 1 on the CUDA cores (nanocore.toolkit.gemv): tile rows x K, late or per-tile reduction, split-K, warps, stages
+#: (BLOCK_K 1024 failed to compile for native fp8 with Triton 3.6 on the H200: left out)
+GEMV_M1 = [S("gemv", 1, bn, bk, sk, w, st, reduce_late=late) for bn, bk, sk, w, st, late in [
+    (16, 512, 0, 4, 1, True), (16, 512, 0, 4, 3, True), (32, 512, 0, 8, 1, True), (32, 256, 0, 4, 1, True),
+    (16, 512, 0, 4, 1, False), (32, 512, 0, 4, 1, False), (64, 512, 0, 8, 1, False), (16, 512, 2, 4, 1, True)]]
+#: per-tile reduction (the fastest fp8 kind in the first H200 sweep) at other tiles, warps and K slices
+GEMV_M1_LATE_OFF = [S("gemv", 1, bn, bk, sk, w, 1, reduce_late=False) for bn, bk, sk, w in [
+    (8, 512, 0, 2), (16, 256, 0, 2), (32, 512, 0, 8), (16, 512, 2, 4), (32, 256, 0, 4), (16, 512, 0, 8)]]
+#: the int8 plain int-to-float conversion against the exponent trick, on the first two tiles above
+GEMV_M1_CVT = [dataclasses.replace(c, int8_magic=False) for c in GEMV_M1[:2]]
+#: tensor-core split-K (BLOCK_M 16): deeper pipelines and wider K tiles than the default's 3 x 256
+SPLITK_M16 = [S("splitk", 16, bn, bk, sk, w, st) for bn, bk, sk, w, st in [
+    (32, 256, 0, 4, 3), (32, 256, 0, 4, 5), (32, 512, 0, 4, 4), (64, 256, 0, 4, 4), (64, 512, 0, 8, 3),
+    (16, 512, 0, 4, 4), (32, 128, 0, 4, 6), (64, 128, 0, 4, 5), (128, 256, 0, 8, 3), (32, 256, 2, 4, 4)]]
+TILED_M16 = [S("tiled", 16, bn, bk, 0, 4, 4) for bn, bk in [(64, 128), (128, 128)]]
 TILED = [S("tiled", bm, bn, bk, 0, w, st) for bm, bn, bk, w, st in [
-    (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 256, 64, 8, 3), (128, 64, 128, 4, 4),
-    (64, 64, 128, 4, 4)]]
-TILED_M16 = [S("tiled", 16, bn, bk, 0, 4, 4) for bn, bk in [(64, 128), (128, 128), (64, 256)]]
+    (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (128, 64, 128, 4, 4)]]
 AWQ_M1 = [S("splitk", 1, bn, bk, sk, w) for bn, bk, sk, w in [
     (128, 128, 0, 4), (64, 128, 0, 4), (256, 128, 0, 8), (128, 64, 0, 4), (64, 128, 1, 4), (128, 128, 0, 8),
     (32, 128, 0, 2)]]
 AWQ_M16 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
     (64, 128, 0, 4), (128, 128, 0, 4), (32, 128, 0, 4), (64, 64, 0, 4), (128, 128, 0, 8)]]
-#: M = 1 on the tensor-core path (BLOCK_M 16, padding rows masked) with more K slices than the default's ~4 programs
-#: per SM: the decode GEMV is latency-bound, so more loads in flight may pay
-SPLITK_TC_M1 = [S("splitk", 16, bn, bk, sk, w) for bn, bk, sk, w in [
-    (32, 256, 4, 4), (32, 128, 8, 4), (64, 128, 4, 4), (16, 256, 4, 4), (64, 256, 2, 8), (128, 128, 2, 8)]]
 MS = [1, 16, 256, 1024, 4096]
 KERNELS = ["fp8", "awq", "int8_w8a16", "int8_w8a8", "fp8_bits"]
 DEVICE = "cuda"  # the CPU smoke test (TRITON_INTERPRET=1) swaps in "cpu" and tiny shapes
@@ -63,7 +71,9 @@ def variants(kernel: str, m: int) -> list[GemmConfig]:
         return TILED
     if kernel == "fp8_bits":  # the integer-widening fp8 path: only its default, to compare with native
         return []
-    return SPLITK_M1 + SPLITK_M16 + SPLITK_TC_M1 if m == 1 else (SPLITK_M16 + TILED_M16 if m == 16 else TILED)
+    if m == 1:
+        return GEMV_M1_LATE_OFF + (GEMV_M1_CVT[:1] if kernel == "int8_w8a16" else [])
+    return [dataclasses.replace(c, fp16_dot=False) for c in SPLITK_M16[:1]] + SPLITK_M16[1:4] if m <= 16 else TILED
 
 
 def make_weights(n: int, k: int) -> dict:
@@ -93,7 +103,7 @@ def measure(kernel: str, cfg: GemmConfig | None, m: int, weights: dict, inputs: 
     """One config at every shape (compiled once): error vs the twin and the median time."""
     rows = []
     for shape, (n, k) in SHAPES.items():
-        c = cfg or (awq_default_config if kernel == "awq" else default_config)(m, n, k)
+        c = cfg or {"awq": awq_default_config}.get(kernel, default_config)(m, n, k)
         row = {"shape": shape, "m": m, "kernel": kernel, "config": "default" if cfg is None else cfg.__dict__,
                "resolved": c.__dict__}
         try:
@@ -133,7 +143,7 @@ def run(budget_s: float, ms: list[int] = MS, kernels: list[str] = KERNELS) -> li
 def summarise(rows: list[dict]) -> list[dict]:
     """Per (kernel, M): layer ms of the default config and of the best variant found at every shape."""
     out = []
-    for kernel in ["bf16", "fp8", "fp8_bits", "int8_w8a16", "int8_w8a8", "awq"]:
+    for kernel in ["bf16"] + KERNELS:
         for m in MS:
             mine = [r for r in rows if r["kernel"] == kernel and r["m"] == m and "ms" in r]
             by_cfg: dict[str, dict] = {}

@@ -5,7 +5,11 @@ import pytest
 import torch
 
 from nanocore.toolkit.gemm import weight_only_linear_torch
-from nanocore.toolkit.numerics import awq_pack, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.numerics import (
+    awq_pack,
+    quantize_fp8_per_row,
+    quantize_int8_per_row,
+)
 
 #: CPU-only machines run the Triton kernels in the interpreter (switched on by the root conftest.py)
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -79,8 +83,32 @@ def test_unknown_config_kinds_are_refused():
     from nanocore.toolkit.gemm import GemmConfig, weight_only_linear
     x = torch.randn(2, 128)
     q, s = quantize_fp8_per_row(torch.randn(32, 128))
-    with pytest.raises(ValueError, match="configs are 'splitk' or 'tiled', not 'gemv'"):
-        weight_only_linear(x, q, s, None, GemmConfig("gemv", 1, 32, 64))
+    with pytest.raises(ValueError, match="configs are 'gemv', 'splitk' or 'tiled', not 'gemm'"):
+        weight_only_linear(x, q, s, None, GemmConfig("gemm", 1, 32, 64))
     nanocore_awq = pytest.importorskip("nanocore_awq.kernels")
-    with pytest.raises(ValueError, match="awq configs are 'splitk' or 'tiled', not 'gemv'"):
-        nanocore_awq.awq_linear_triton(x, **awq_pack(torch.randn(32, 128), 128), config=GemmConfig("gemv", 1, 32, 64))
+    with pytest.raises(ValueError, match="awq configs are 'splitk' or 'tiled', not 'gemm'"):
+        nanocore_awq.awq_linear_triton(x, **awq_pack(torch.randn(32, 128), 128), config=GemmConfig("gemm", 1, 32, 64))
+
+
+@interpreter
+@pytest.mark.parametrize("n,k", [(40, 512), (33, 130), (70, 1024)])
+@pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
+def test_gemv_configs_match_torch_reference_in_interpreter(n, k, quantize, dtype):
+    """The M = 1 CUDA-core GEMV (nanocore.toolkit.gemv) at late / per-tile reduction, split-K, masked K tails,
+    both int8 widenings; bf16 inputs too (no tl.dot), and the fp16 tensor-core path for bf16 at M = 3."""
+    from nanocore.toolkit.gemm import GemmConfig, weight_only_linear
+    torch.manual_seed(n + k)
+    q, scale = quantize(torch.randn(n, k) * 0.3)
+    bias = torch.randn(n).to(dtype)
+    configs = [GemmConfig("gemv", 1, 16, 128, 0, 4), GemmConfig("gemv", 1, 32, 256, 2, 4, reduce_late=False),
+               GemmConfig("gemv", 1, 8, 64, 3, 2, int8_magic=False)]
+    for m in (1, 3):
+        x = (torch.randn(m, k) * 20).to(dtype)
+        expected = weight_only_linear_torch(x.float(), q, scale, bias.float())
+        # M = 3: the split-K tensor-core kernel; bf16 through its fp16 dot (the interpreter's bf16 dot is wrong)
+        for cfg in configs if m == 1 else [GemmConfig("splitk", 16, 32, 64, fp16_dot=dtype == torch.bfloat16)]:
+            for _ in range(2):  # the second call checks that the split-K counters were reset
+                got = weight_only_linear(x, q, scale, bias, cfg).float()
+            err = float((got - expected).abs().max() / expected.abs().max())
+            assert err <= (1e-2 if dtype == torch.bfloat16 else 2e-3), (m, cfg, err)

@@ -4,8 +4,9 @@ Each method is found through the plugin registry (third-party methods included),
 ``supports()`` reason where it cannot run, given random weights through its own ``quantize`` ->
 ``create_weights`` -> ``weight_loader`` path and timed over M tokens. The table sums the four linears of
 a layer (qkv, o, gate_up, down) per M with the speed-up over ``unquantized`` from the same run, twice on CUDA:
-launched from Python (``layer_ms``) and replayed as a CUDA graph (``graph_layer_ms``: what graph-captured
-decode pays, without the Python launch cost that dominates small-M kernels); JSON keeps
+launched from Python (``layer_ms``) and replayed as a CUDA graph per linear (``graph_layer_ms``: without the Python
+launch cost that dominates small-M kernels, but with one graph launch per linear), plus the four linears captured
+in one graph (``layer_graph_ms``: back-to-back kernels, what a graph-captured decode step pays); JSON keeps
 every (shape, M, method) row, the weight bytes, and errors vs the fp32 GEMM and vs the method's torch twin
 (the same method with option ``kernel="torch"``, where it has one).
 """
@@ -115,6 +116,38 @@ def bench_shape(methods: dict, shape: str, n: int, k: int, ms: list[int], dtype,
     return rows
 
 
+def layer_graph_ms(methods: dict, shapes: dict, ms: list[int], dtype, device, seed: int = 0) -> dict:
+    """(method, M) -> milliseconds of the layer's four linears captured in one CUDA graph (kernels back to back,
+    as a graph-captured decode step runs them), after an L2 flush; a method that fails maps to its error."""
+    out: dict = {}
+    for name, cls in methods.items():
+        layers: list = []
+        try:
+            for n, k in shapes.values():
+                g = torch.Generator(device=device).manual_seed(seed)
+                layers.append(build_layer(cls, {}, torch.randn(n, k, device=device, generator=g) * k ** -0.5, dtype))
+            for m in ms:
+                xs = [torch.randn(m, k, device=device, dtype=dtype) for _, k in shapes.values()]
+                out[(name, m)] = graph_time_ms(
+                    lambda: [method.apply(layer, x) for (method, layer), x in zip(layers, xs)])
+        except Exception as exc:  # report it and keep measuring the others
+            out.update({(name, m): repr(exc)[:300] for m in ms if (name, m) not in out})
+        layers.clear()
+        torch.cuda.empty_cache()
+    return out
+
+
+def add_layer_graph(summary: list[dict], times: dict) -> None:
+    """Put the one-graph layer times and their speed-up over the baseline (same run) into the summary rows."""
+    for row in summary:
+        t, base = times.get((row["method"], row["m"])), times.get((BASELINE, row["m"]))
+        if isinstance(t, float):
+            row["layer_graph_ms"] = t
+            row["layer_graph_speedup"] = base / t if isinstance(base, float) else None
+        elif t is not None:
+            row["layer_graph_error"] = t
+
+
 def summarise(rows: list[dict], names: list[str], ms: list[int]) -> list[dict]:
     """Per M and method: the layer's summed milliseconds, speed-up over the baseline, worst errors."""
     out = []
@@ -184,8 +217,11 @@ def run_from_args(args: argparse.Namespace) -> int:
         if device.type == "cuda":
             torch.cuda.empty_cache()
     summary = summarise(rows, list(methods), ms)
+    if device.type == "cuda":
+        add_layer_graph(summary, layer_graph_ms(methods, SHAPES[args.shapes], ms, dtype, device))
     print(f"one {args.shapes} layer (qkv + o + gate_up + down), {dtype}, {device}")
-    print(format_table(summary, ["m", "method", "layer_ms", "speedup", "graph_layer_ms", "graph_speedup", "weight_mb",
+    print(format_table(summary, ["m", "method", "layer_ms", "speedup", "graph_layer_ms", "graph_speedup",
+                                 "layer_graph_ms", "layer_graph_speedup", "weight_mb",
                                  "max_err_vs_fp32",
                                  "max_err_vs_twin", "error"]))
     write_json(args.json, {"command": "bench linear", "shapes": args.shapes, "layer_shapes": SHAPES[args.shapes],

@@ -16,7 +16,9 @@ module                     what it offers
 ``toolkit.weights``        ``ChannelScaledWeights``: per-output-channel quantized weights with merged / sharded
                            loading (qkv, gate_up, TP shards) done once
 ``toolkit.gemm``           Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
-                           their torch reference, launch configs, split-K helpers
+                           their torch reference, launch configs, split-K helpers (``splitk_finish``)
+``toolkit.gemv``           the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the
+                           int8 exponent-trick widening ``widen_byte_weights``
 ``toolkit.kv``             KV-cache store / gather for layouts of the core family (fused store on CUDA, torch
                            twin elsewhere), ``dequantize``, ``flat_slots``
 ``toolkit.prefix_cache``   block-chain helpers (``full_blocks``, ``published_prefix``, ``check_insert``), an

@@ -14,6 +14,7 @@ Torch reference: :func:`weight_only_linear_torch`. Used by the fp8, int8 and awq
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -36,7 +37,7 @@ W_INT8, W_FP8, W_FP8_BITS = 0, 1, 2
 @dataclass(frozen=True)
 class GemmConfig:
     """Launch parameters of one kernel variant."""
-    kind: str = "splitk"  # "splitk" (decode GEMV) or "tiled" (GEMM)
+    kind: str = "splitk"  # "gemv" (M = 1, CUDA cores), "splitk" (decode, tensor cores) or "tiled" (GEMM)
     block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
     block_n: int = 32
     block_k: int = 256
@@ -45,6 +46,10 @@ class GemmConfig:
     num_stages: int = 3
     group_m: int = 8  # tiled: row tiles that share weight tiles in L2
     fp8_native: bool | None = None  # None: native where the GPU converts fp8 (sm_89+)
+    reduce_late: bool = True  # gemv: one cross-thread reduction after the K loop (else one per tile)
+    fp16_dot: bool = False  # splitk, bf16 inputs: weights widened to fp16, x * 2^-8 as fp16 (H200: int8 1.24x
+    # slower at M = 16, fp8 even: off by default)
+    int8_magic: bool = True  # gemv: int8 widened by the exponent trick (else the int-to-float conversion)
 
 
 def weight_only_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -65,6 +70,10 @@ def gemm_input_rows(x: torch.Tensor, expected_k: int, what: str = "the weight") 
 
 def default_config(m: int, n: int, k: int) -> GemmConfig:
     """The measured-best variant for an ``[m, k] x [k, n]`` shape (tune_linear_gpu.py picks these)."""
+    if m == 1:
+        # CUDA cores, 16 rows x 512 K per tile, reduced per tile (56 registers, 56% occupancy): on the H200
+        # 0.087 ms per 7B layer (fp8, graph-replayed) against 0.116 for the tensor-core split-K below
+        return GemmConfig("gemv", block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=1, reduce_late=False)
     if m <= DECODE_MAX_M:
         # BLOCK_M 16 (tensor-core dot, padding rows masked) even for M = 1: on the H200 graph-replayed int8
         # decode took 0.117 ms per 7B layer at M = 16 but 0.255 ms at M = 1 on the multiply-add path (bf16 0.16)
@@ -139,12 +148,14 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     s = scale.reshape(-1).float()  # a view for the float32 scales the plugins keep: no copy per call
     if w_kind == W_FP8_BITS:
         s = s * 256.0  # the bit trick widens e4m3 to value / 256
-    if cfg.kind == "splitk":
-        _launch_splitk(x2, w, s, bias, y, w_kind, cfg)
+    if cfg.kind == "gemv" and m == 1:
+        _launch_gemv(x2, w, s, bias, y, w_kind, cfg)
+    elif cfg.kind in ("splitk", "gemv"):  # a gemv config at M > 1 runs the split-K kernel with its tiles
+        _launch_splitk(x2, w, s, bias, y, w_kind, dataclasses.replace(cfg, kind="splitk", block_m=16))
     elif cfg.kind == "tiled":
         launch_tiled(x2, w, s, None, bias, y, w_kind, cfg)
     else:
-        raise ValueError(f"weight-only GEMM configs are 'splitk' or 'tiled', not {cfg.kind!r}")
+        raise ValueError(f"weight-only GEMM configs are 'gemv', 'splitk' or 'tiled', not {cfg.kind!r}")
     return y.reshape(*lead, n)
 
 
@@ -163,6 +174,16 @@ def int8_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Te
     return y
 
 
+def _launch_gemv(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
+    from nanocore.toolkit.gemv import W_INT8_CVT, launch_gemv
+    n = w.shape[0]
+    kind = W_INT8_CVT if (w_kind == W_INT8 and not cfg.int8_magic) else w_kind
+    if kind == W_INT8:
+        w = w.view(torch.uint8)  # zero-extended bytes: the exponent trick needs no sign extension or mask
+    launch_gemv(x2, w, s, bias, y, kind, cfg, lambda split_k, grid_n: splitk_workspace(split_k, 1, n, grid_n,
+                                                                                       x2.device, w))
+
+
 def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
     (m, k), n = x2.shape, w.shape[0]
     check_splitk_rows(m)
@@ -179,6 +200,7 @@ def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
         x2, w, s, b, y, partials if partials is not None else s, locks if locks is not None else s,
         m, n, k, k_per_split, x2.stride(0), w.stride(0), y.stride(0), HAS_BIAS=bias is not None, W_KIND=w_kind,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k,
+        FP16_DOT=cfg.fp16_dot and block_m >= 16 and x2.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -214,6 +236,17 @@ if triton is not None:
         return w.to(dtype)
 
     @triton.jit
+    def _widen_fp16(w, W_KIND: tl.constexpr):
+        """Stored weights -> fp16 without fp32 conversions: int8 by the 1024 + 128 exponent trick, fp8 natively
+        or by bits (value / 256)."""
+        if W_KIND == 0:
+            return (((w.to(tl.int16) ^ 0x80) & 0xFF) | 0x6400).to(tl.float16, bitcast=True) - 1152.0
+        elif W_KIND == 2:
+            return _e4m3_bits_to_fp16(w)
+        else:
+            return w.to(tl.float16)
+
+    @triton.jit
     def splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym,
                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
         """Store ``acc`` (+ bias); with split-K the last of the K slices of this column block sums them."""
@@ -241,7 +274,7 @@ if triton is not None:
     def _wo_splitk_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
                           stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, W_KIND: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT_K: tl.constexpr):
+                          SPLIT_K: tl.constexpr, FP16_DOT: tl.constexpr):
         # program (n block, K slice): stream BLOCK_N weight rows of this slice once for all M tokens
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -256,12 +289,16 @@ if triton is not None:
                         other=_zero(w_ptr))
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < k_end), other=0.0)
-            if BLOCK_M >= 16:
+            if FP16_DOT:  # x / 256 keeps bf16's range inside fp16's; the 256 goes back in with the scale
+                acc = tl.dot((x.to(tl.float32) * 0.00390625).to(tl.float16), tl.trans(_widen_fp16(w, W_KIND)), acc)
+            elif BLOCK_M >= 16:
                 acc = tl.dot(x, tl.trans(_widen(w, W_KIND, x.dtype)), acc)
             else:
                 wf = _widen(w, W_KIND, tl.float32)
                 acc += tl.sum(x.to(tl.float32)[:, None, :] * wf[None, :, :], axis=2)
         acc = acc * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
+        if FP16_DOT:
+            acc = acc * 256.0
         splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
     @triton.jit

@@ -67,7 +67,8 @@ def test_int8_x_int8_in_triton_interpreter(m, n, k):
 def _tune_configs():
     sys.path.insert(0, str(Path(__file__).parents[2]))
     import tune_linear_gpu as tune
-    return tune.variants("fp8", 1), tune.SPLITK_M16 + tune.TILED_M16 + tune.TILED
+    m1 = tune.variants("fp8", 1) + tune.GEMV_M1[:2] + tune.GEMV_M1_CVT[:1]
+    return m1, tune.SPLITK_M16[:4] + tune.TILED_M16 + tune.TILED
 
 
 @pytest.mark.cuda
