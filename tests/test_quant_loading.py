@@ -86,7 +86,9 @@ def test_int8_w8a16_loads_its_own_checkpoint_by_name(tmp_path):
     """Both int8 methods read compressed-tensors checkpoints; 'auto' prefers int8_w8a8 (checkpoint_priority)."""
     from nanocore.loader.model_loader import resolve_linear_method
 
-    hf_config = type("Cfg", (), {"quantization_config": {"quant_method": "compressed-tensors"}})()
+    from nanocore_int8.config import compressed_tensors_config
+
+    hf_config = type("Cfg", (), {"quantization_config": compressed_tensors_config("dynamic")})()
     by_name, _ = resolve_linear_method("int8_w8a16", {}, hf_config, torch.device("cpu"))
     automatic, options = resolve_linear_method("auto", {}, hf_config, torch.device("cpu"))
     assert by_name.name == "int8_w8a16" and automatic.name == "int8_w8a8"

@@ -85,7 +85,7 @@ class LinearMethod(Backend):
         if quant == cls.quant_method:
             return None
         if cls.quant_method is None:
-            return f"{cls.__name__} loads unquantized checkpoints; this one has quant_method {quant!r}"
+            return f"{cls.__name__} loads 'unquantized' checkpoints, not quant_method {quant!r}"
         return f"{cls.__name__} loads quant_method {cls.quant_method!r} checkpoints, not {quant or 'unquantized'!r}"
 
     @abstractmethod

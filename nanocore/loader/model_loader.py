@@ -18,6 +18,8 @@ from nanocore.loader.presets import list_presets, preset_config
 from nanocore.loader.safetensors_io import checkpoint_files, iterate_weights
 from nanocore.models import CheckpointError, ModelBuildContext, build_model, check_all_loaded
 from nanocore.models.registry import model_class, supported_architectures
+from nanocore.loader.float_modules import dequantize_float_modules
+from nanocore.loader.linear_routing import quantization_config, resolve_linear_method
 from nanocore.plugins import AUTO, BackendEntry, get_registry
 from nanocore.toolkit.checkpoint import ignore_patterns, is_ignored
 
@@ -45,11 +47,12 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
     hf_config, model_path = resolve_model_source(config.model)
     dtype = resolve_dtype(config.dtype, hf_config, device)
     entry, options = resolve_linear_method(config.linear_method, config.linear_method_options, hf_config, device)
-    if model_path is not None and entry.cls.quant_method is not None and quantization_config(hf_config) is None:
+    plain_reason = entry.cls.checkpoint_support(None) if quantization_config(hf_config) is None else None
+    if model_path is not None and plain_reason is not None:
         raise ValueError(  # dummy weights are drawn in any format; a real checkpoint must be in the method's
-            f"linear_method {entry.name!r} loads {entry.cls.quant_method!r} checkpoints but {model_path} is not "
-            f"quantized (its config.json has no quantization_config); make one with 'nanocore quantize --method "
-            f"{entry.name} --model {model_path} --out DIR', or use linear_method='auto' for this checkpoint")
+            f"linear_method {entry.name!r} loads {entry.cls.quant_method or 'quantized'!r} checkpoints but {model_path} "
+            f"is not quantized (its config.json has no quantization_config); make one with 'nanocore quantize "
+            f"--method {entry.name} --model {model_path} --out DIR', or use linear_method='auto' for this checkpoint")
     entry.cls(dict(options))  # surface option errors once, before building hundreds of layers
     moe_executor = resolve_moe_executor(config, hf_config, device)
     build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,
@@ -61,7 +64,8 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
             init_dummy_weights(model, config.seed)
         else:
             files = checkpoint_files(model_path)
-            check_all_loaded(model, model.load_weights(iterate_weights(files)), str(model_path))
+            stream = dequantize_float_modules(iterate_weights(files), quantization_config(hf_config))
+            check_all_loaded(model, model.load_weights(stream), str(model_path))
         for layer in model.linear_layers():
             layer.linear_method.process_weights_after_loading(layer)
     tokenizer_path = Path(config.tokenizer).expanduser() if config.tokenizer else model_path
@@ -112,39 +116,6 @@ def resolve_dtype(name: str, hf_config, device: torch.device) -> torch.dtype:
     return checkpoint_dtype(hf_config) or torch.bfloat16
 
 
-def quantization_config(hf_config) -> dict | None:
-    qc = getattr(hf_config, "quantization_config", None)
-    if qc is not None and not isinstance(qc, dict):
-        qc = qc.to_dict()
-    return qc or None
-
-
-def resolve_linear_method(name: str, options: dict, hf_config, device: torch.device) -> tuple[BackendEntry, dict]:
-    """The linear-method entry for this checkpoint, and its options (plus the checkpoint's quantization_config).
-
-    ``auto``: the installed method whose ``quant_method`` is the checkpoint's, else ``unquantized``.
-    """
-    registry, qc = get_registry(), quantization_config(hf_config)
-    quant = qc.get("quant_method") if qc else None
-    matching = sorted((e for es in registry.entries["linear_method"].values() for e in es
-                       if quant is not None and e.cls.quant_method == quant), key=lambda e: e.name)
-    if name != AUTO:
-        entry = registry.resolve("linear_method", name, device)
-        if quant is not None and entry.cls.quant_method != quant:
-            raise ValueError(
-                f"the checkpoint is quantized (quant_method {quant!r}) but linear_method {name!r} loads "
-                f"{entry.cls.quant_method or 'unquantized'!r} checkpoints; use linear_method='auto' or one of "
-                f"{[e.name for e in matching] or 'the plugin for ' + repr(quant) + ' (none installed)'}")
-    elif quant is not None:
-        entry = _best_supported(matching, quant, device, qc)
-    else:
-        entry = registry.resolve("linear_method", "unquantized", device)
-    options = dict(options)
-    if quant is not None:
-        options.setdefault("quantization_config", qc)
-    return entry, options
-
-
 def linear_method_factory(entry: BackendEntry, options: dict, hf_config, device: torch.device):
     """prefix -> LinearMethod: ``entry``, except ``unquantized`` for layers in the checkpoint's ignore list.
 
@@ -170,20 +141,6 @@ def linear_method_factory(entry: BackendEntry, options: dict, hf_config, device:
                              f"the merged layer {prefix} ({names}); one merged layer takes one linear method")
         return get_registry().instantiate(entry, options)
     return factory
-
-
-def _best_supported(candidates: list[BackendEntry], quant: str, device: torch.device, qc: dict) -> BackendEntry:
-    if not candidates:
-        installed = get_registry().names("linear_method")
-        raise ValueError(
-            f"the checkpoint is quantized with quant_method {quant!r} but no installed linear method loads it "
-            f"(installed: {installed}); install the nanocore plugin for {quant!r} ('nanocore plugins' lists them)")
-    reasons = {e.name: e.cls.supports(device) for e in candidates}
-    supported = [e for e in candidates if reasons[e.name] is None]
-    if not supported:
-        raise ValueError(f"no installed linear method for quant_method {quant!r} runs on {device}: "
-                         + "; ".join(f"{n}: {r}" for n, r in reasons.items()))
-    return max(supported, key=lambda e: e.cls.checkpoint_priority_for(qc))
 
 
 def resolve_moe_executor(config: EngineConfig, hf_config, device: torch.device) -> MoEExecutor | None:

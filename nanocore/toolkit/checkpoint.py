@@ -166,6 +166,9 @@ def quantize_checkpoint_linears(method: str, weights: dict[str, torch.Tensor],
 def fp8_activation_scheme(method: str, options: dict[str, Any]) -> str:
     """The fp8 checkpoint's activation scheme ("dynamic" or "static") from a method's options; block-wise fp8
     checkpoints are refused. Shared by every method that loads fp8 checkpoints."""
+    config = options.get("quantization_config") or {}
+    if "activation_scheme" not in options and config.get("quant_method") == "compressed-tensors":
+        return _compressed_tensors_fp8_scheme(method, config)
     scheme = config_option(options, "activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise ValueError(f"{method}: activation_scheme must be 'dynamic' or 'static', got {scheme!r}")
@@ -173,3 +176,15 @@ def fp8_activation_scheme(method: str, options: dict[str, Any]) -> str:
         raise CheckpointFormatError(f"{method}: block-wise fp8 checkpoints (weight_block_size) are not "
                                     f"supported; use a per-channel or per-tensor fp8 checkpoint")
     return scheme
+
+
+def _compressed_tensors_fp8_scheme(method: str, config: dict[str, Any]) -> str:
+    """A float-quantized compressed-tensors checkpoint's activations: static (an input_scale per layer) or not."""
+    from nanocore.toolkit.checkpoint_formats import parse_quantization_config  # imports this module
+
+    group = parse_quantization_config(config).uniform_group()
+    weights, activations = group.scheme.weights, group.scheme.input_activations
+    if weights is None or weights.type != "float" or weights.strategy not in ("channel", "tensor"):
+        raise CheckpointFormatError(f"{method}: this compressed-tensors checkpoint has weights {weights}; the fp8 "
+                                    f"methods load per-channel or per-tensor fp8 weights")
+    return "static" if activations is not None and not activations.dynamic else "dynamic"

@@ -20,6 +20,7 @@ from nanocore.toolkit.checkpoint import (
     quantizable_linears,
     tensor_name,
 )
+from nanocore.toolkit.checkpoint_support import awq_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, awq_pack
 from nanocore_awq.kernels import awq_linear_torch, awq_linear_triton
@@ -33,6 +34,11 @@ class AWQLinearMethod(LinearMethod):
     """W4A16, AutoAWQ GEMM layout; Triton kernels unpack int4 in registers (prefill and decode)."""
 
     quant_method = "awq"
+
+    @classmethod
+    def checkpoint_support(cls, quantization_config):
+        """AutoAWQ GEMM checkpoints: 4-bit, zero point, group-wise."""
+        return awq_support(cls.__name__, quantization_config)
     tolerance = (0.16, 0.05)  # int4 rounds to 1/30 of a group's range; measured worst 0.14 of max|y|
     #: The shared suite draws K in groups of 128 and N in packs of 8 for this method.
     conformance_requirements = {"input_size_multiple": 128, "output_size_multiple": 8}

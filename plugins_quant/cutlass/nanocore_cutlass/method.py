@@ -14,6 +14,7 @@ import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
+from nanocore.toolkit.checkpoint_support import fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_per_row
 from nanocore.toolkit.weights import ChannelScaledWeights
@@ -32,6 +33,11 @@ class CutlassFp8LinearMethod(LinearMethod):
     quant_method = "fp8"  # the checkpoints fp8_w8a8 loads
     tolerance = (0.07, 0.07)  # as fp8_w8a8: weights and activations each round to 1/16 of their scale
     checkpoint_priority = -1  # loads fp8 checkpoints when named; "auto" keeps fp8_w8a16 / fp8_w8a8
+
+    @classmethod
+    def checkpoint_support(cls, quantization_config):
+        """fp8 and compressed-tensors float-quantized checkpoints (per-channel / per-tensor scales)."""
+        return fp8_support(cls.__name__, quantization_config)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)

@@ -14,6 +14,7 @@ import torch
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
+from nanocore.toolkit.checkpoint_support import fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_activations, quantize_fp8_weight
 from nanocore.toolkit.weights import ChannelScaledWeights
@@ -25,6 +26,11 @@ FP8_SCALE_METHODS = ("search", "absmax")
 
 class _Fp8Base(LinearMethod):
     quant_method = "fp8"
+
+    @classmethod
+    def checkpoint_support(cls, quantization_config):
+        """fp8 and compressed-tensors float-quantized checkpoints (per-channel / per-tensor scales)."""
+        return fp8_support(cls.__name__, quantization_config)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)

@@ -14,6 +14,7 @@ import torch
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import CheckpointFormatError, quantize_checkpoint_linears
+from nanocore.toolkit.checkpoint_support import int8_support
 from nanocore.toolkit.gemm import (
     DECODE_MAX_M,
     gemm_input_rows,
@@ -44,6 +45,11 @@ def _int_gemm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 class _Int8Base(LinearMethod):
     quant_method = "compressed-tensors"
     default_scheme = "dynamic"
+
+    @classmethod
+    def checkpoint_support(cls, quantization_config):
+        """compressed-tensors int-quantized: symmetric channel-wise int8 weights, activations none or int8."""
+        return int8_support(cls.__name__, quantization_config)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)

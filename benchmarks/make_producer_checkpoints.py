@@ -1,0 +1,120 @@
+"""Regenerate tests/data/producers/: tiny checkpoints written by llm-compressor itself (compressed-tensors formats).
+
+Run in a separate virtual environment (llm-compressor pins its own transformers and compressed-tensors):
+
+    python -m venv /work/venv-lc && /work/venv-lc/bin/pip install torch==2.13.0 llmcompressor==0.14.0.1
+    /work/venv-lc/bin/python benchmarks/make_producer_checkpoints.py tests/data/producers
+
+Models are random (seeded) tiny Llama / Qwen2 / Qwen2-MoE configs, so each checkpoint is a few hundred kB; the
+tests compare nanocore with transformers' own decompression of the same folder.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import torch
+
+TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, head_dim=32, vocab_size=512, max_position_embeddings=256,
+            tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=10000.0)
+MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256,
+           decoder_sparse_step=1, norm_topk_prob=False)
+#: (folder, architecture, recipe scheme, modifier, extra modifier args)
+CHECKPOINTS = [
+    ("llama_fp8_dynamic", "llama", "FP8_DYNAMIC", "rtn", {}),
+    ("llama_fp8_static", "llama", "FP8", "rtn", {}),
+    ("llama_w8a8_int8", "llama", "W8A8", "rtn", {}),
+    ("llama_w4a16", "llama", "W4A16", "rtn", {}),
+    ("llama_w4a16_asym", "llama", "W4A16_ASYM", "rtn", {}),
+    ("llama_w8a16", "llama", "W8A16", "rtn", {}),
+    ("qwen2_w4a16_gptq", "qwen2", "W4A16_ASYM", "gptq", {"actorder": "weight"}),  # 0.14: no "group" order
+    ("qwen2_moe_fp8_dynamic", "qwen2_moe", "FP8_DYNAMIC", "rtn", {}),
+    ("qwen2_moe_w4a16", "qwen2_moe", "W4A16", "rtn", {}),
+]
+#: Token ids whose logits under the producer's quantized model are stored beside each checkpoint.
+REFERENCE_IDS = torch.randint(0, TINY["vocab_size"], (16,), generator=torch.Generator().manual_seed(2))
+#: Any tokenizer will do (the calibration ids are drawn below the tiny vocabulary): the default model's.
+TOKENIZER = Path.home() / ".cache/nanocore/models/SmolLM2-135M-Instruct"
+IGNORE = {"llama": ["lm_head"], "qwen2": ["lm_head"],
+          "qwen2_moe": ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$"]}
+
+
+def tiny_model(arch: str, seed: int = 0):
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen2MoeConfig
+
+    torch.manual_seed(seed)
+    if arch == "llama":
+        config = LlamaConfig(**TINY)
+    elif arch == "qwen2":
+        config = Qwen2Config(**TINY)
+    else:
+        config = Qwen2MoeConfig(**TINY, **MOE)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.bfloat16)
+    with torch.no_grad():  # random init is 0.02-scale; larger weights make rounding visible in logits
+        for name, p in model.named_parameters():
+            if "norm" not in name:
+                p.normal_(0, 0.08)
+            if name.endswith(".bias"):
+                p.normal_(0, 0.5)  # qwen2's qkv bias: non-zero so loading it matters
+    return model
+
+
+def calibration_dataset(vocab: int, samples: int = 16, seqlen: int = 64):
+    from datasets import Dataset
+
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, vocab, (samples, seqlen), generator=g).tolist()
+    return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * seqlen] * samples})
+
+
+def make(out: Path, name: str, arch: str, scheme: str, modifier: str, extra: dict) -> None:
+    from llmcompressor import oneshot
+    from transformers import AutoModelForCausalLM
+    from llmcompressor.modifiers.gptq import GPTQModifier
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+
+    float_dir = out / f".float_{arch}"
+    if not float_dir.is_dir():  # oneshot wants a model with a path (it re-reads config.json)
+        tiny_model(arch).save_pretrained(float_dir)
+        for tok in TOKENIZER.glob("tokenizer*"):  # oneshot needs a processor for a dataset; ids stay < vocab
+            shutil.copy(tok, float_dir / tok.name)
+    model = AutoModelForCausalLM.from_pretrained(float_dir, torch_dtype=torch.bfloat16)
+    cls = GPTQModifier if modifier == "gptq" else QuantizationModifier
+    recipe = cls(targets="Linear", scheme=scheme, ignore=IGNORE[arch], **extra)
+    needs_data = modifier == "gptq" or scheme in ("FP8",)
+    kwargs = dict(dataset=calibration_dataset(model.config.vocab_size), num_calibration_samples=16,
+                  max_seq_length=64) if needs_data else {}
+    oneshot(model=model, recipe=recipe, **kwargs)
+    folder = out / name
+    shutil.rmtree(folder, ignore_errors=True)
+    model.save_pretrained(folder, save_compressed=True)
+    reread = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+    with torch.no_grad():  # the producer's toolchain reading its own output, in float32: the reference
+        logits = reread(REFERENCE_IDS[None]).logits[0].float()
+    # not *.safetensors: a loader reads every such file of the folder as weights
+    torch.save({"input_ids": REFERENCE_IDS, "logits": logits.contiguous()}, folder / "reference_logits.pt")
+    config = json.loads((folder / "config.json").read_text())
+    print(f"{name}: {config['quantization_config'].get('format')} "
+          f"{sum(f.stat().st_size for f in folder.iterdir()) // 1024} kB")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("out", type=Path)
+    parser.add_argument("--only", nargs="*", help="folder names to (re)make")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    for name, arch, scheme, modifier, extra in CHECKPOINTS:
+        if not args.only or name in args.only:
+            make(args.out, name, arch, scheme, modifier, extra)
+    for leftover in args.out.glob(".float_*"):
+        shutil.rmtree(leftover)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Checkpoints written by llm-compressor itself (tests/data/producers, made by benchmarks/make_producer_checkpoints.py)
+load with ``auto``, pick the method that matches what they are, and give the logits of the producer's own toolchain
+(transformers + compressed-tensors re-reading the folder in float32: ``reference_logits.pt``)."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from nanocore.config import EngineConfig
+from nanocore.layers.attention import AttentionMetadata
+from nanocore.loader import load_model
+
+PRODUCERS = Path(__file__).parent / "data" / "producers"
+#: folder -> (method auto picks, method that computes exactly what the checkpoint declares, allowed error)
+EXPECTED = {
+    "llama_fp8_dynamic": ("fp8_w8a16", "fp8_w8a8", 1e-4),
+    "llama_fp8_static": ("fp8_w8a16", "fp8_w8a8", 1e-4),
+    "llama_w8a8_int8": ("int8_w8a8", "int8_w8a8", 0.08),  # int8 activations: nanocore rounds to +-127, ct to 127.5
+    "llama_w4a16": ("wna16", "wna16", 1e-4),
+    "llama_w4a16_asym": ("wna16", "wna16", 1e-3),
+    "llama_w8a16": ("wna16", "wna16", 1e-4),
+    "qwen2_w4a16_gptq": ("wna16", "wna16", 1e-3),
+    # experts run dequantized in float here; the producer also rounds their activations to fp8
+    "qwen2_moe_fp8_dynamic": ("fp8_w8a16", "fp8_w8a8", 0.1),
+    "qwen2_moe_w4a16": ("wna16", "wna16", 1e-2),
+}
+
+
+def producer_logits(folder: Path, method: str):
+    reference = torch.load(folder / "reference_logits.pt")
+    loaded = load_model(EngineConfig(model=str(folder), linear_method=method, dtype="float32"), "cpu")
+    ids = reference["input_ids"]
+    with torch.no_grad():
+        hidden = loaded.model(ids, torch.arange(len(ids)), AttentionMetadata.for_prefill([len(ids)]))
+        return loaded, loaded.model.compute_logits(hidden), reference["logits"]
+
+
+def test_every_committed_checkpoint_is_covered():
+    assert sorted(p.name for p in PRODUCERS.iterdir() if p.is_dir()) == sorted(EXPECTED)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_auto_chooses_by_what_the_checkpoint_is(name, caplog):
+    with caplog.at_level(logging.INFO, logger="nanocore"):
+        loaded, ours, reference = producer_logits(PRODUCERS / name, "auto")
+    assert loaded.linear_method == EXPECTED[name][0]
+    assert any("auto linear_method" in r.message and EXPECTED[name][0] in r.message for r in caplog.records)
+    assert (ours.argmax(-1) == reference.argmax(-1)).float().mean() >= 0.75
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_logits_match_the_producer(name):
+    _, method, tolerance = EXPECTED[name]
+    loaded, ours, reference = producer_logits(PRODUCERS / name, method)
+    err = ((ours - reference).abs().max() / reference.abs().max()).item()
+    assert err <= tolerance, f"{name} through {method}: largest logit error {err:.3g} of the largest logit"
+
+
+def test_cutlass_twin_loads_llm_compressor_fp8():
+    _, ours, reference = producer_logits(PRODUCERS / "llama_fp8_dynamic", "cutlass")
+    assert ((ours - reference).abs().max() / reference.abs().max()).item() <= 1e-4
+
+
+@pytest.mark.parametrize("name, wrong, right", [
+    ("llama_fp8_dynamic", "int8_w8a16", "fp8_w8a16"),
+    ("llama_w8a16", "int8_w8a16", "wna16"),
+    ("llama_w4a16", "awq", "wna16"),
+    ("llama_w8a8_int8", "fp8_w8a16", "int8_w8a8"),
+])
+def test_a_named_method_that_cannot_load_it_says_which_can(name, wrong, right):
+    with pytest.raises(ValueError) as info:
+        load_model(EngineConfig(model=str(PRODUCERS / name), linear_method=wrong), "cpu")
+    message = str(info.value)
+    assert wrong in message and right in message and "auto" in message
+
+
+def test_unsupported_scheme_is_a_clear_error(tmp_path):
+    import json
+    import shutil
+
+    folder = tmp_path / "block"
+    shutil.copytree(PRODUCERS / "llama_fp8_dynamic", folder)
+    config = json.loads((folder / "config.json").read_text())
+    weights = config["quantization_config"]["config_groups"]["group_0"]["weights"]
+    weights.update(strategy="block", block_structure=[128, 128])
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="block"):
+        load_model(EngineConfig(model=str(folder)), "cpu")
