@@ -79,8 +79,15 @@ class MoEExecutorConformance(BackendContractConformance):
     def _check(self, backend_cls, options, dtype, device, shape, seed, activation):
         args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, seed)
         out = backend_cls(options).apply(*args, activation=activation)
-        expected = EagerMoEExecutor().apply(*args, activation=activation)
         assert out.dtype == dtype, f"apply returned {out.dtype}, expected x.dtype {dtype}"
+        expected = EagerMoEExecutor().apply(*args, activation=activation)
+        if dtype != torch.float32:
+            # eager in bf16 rounds every expert's output: an executor that rounds less may be nearer to eager in
+            # float32 (on the same rounded inputs); each element may match either
+            x, topk_weights, topk_ids, w13, w2 = (t if t is args[2] else t.float() for t in args)
+            exact = EagerMoEExecutor().apply(x, topk_weights, topk_ids, w13, w2, activation=activation)
+            nearer = (out.float() - exact).abs() < (out.float() - expected.float()).abs()
+            expected = torch.where(nearer, exact, expected.float())
         where = f"M={args[0].shape[0]} tokens, E={args[3].shape[0]} experts, top_k={args[2].shape[1]}"
         assert_close(out, expected, backend_cls.tolerance, f"{self.backend} MoE ({activation}, {where}) vs eager")
 
