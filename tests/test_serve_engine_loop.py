@@ -105,25 +105,32 @@ def test_a_failing_detokenizer_fails_only_its_request(monkeypatch):
         assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
-def test_a_failing_step_fails_the_requests_in_flight_and_the_loop_goes_on(monkeypatch):
-    llm = tiny_llm()
+def test_a_failing_step_fails_the_running_requests_only_and_the_loop_goes_on(monkeypatch):
+    """A KV cache of one block: the request running when a step raises fails, the one queued behind it runs."""
+    llm = tiny_llm(num_kv_blocks=1)
     launch = llm.engine.runner.launch
     calls = {"n": 0}
 
     def fail_once(*args, **kwargs):
         calls["n"] += 1
-        if calls["n"] == 3:
+        if calls["n"] == 6:
             raise RuntimeError("planted sampling failure")
         return launch(*args, **kwargs)
 
     monkeypatch.setattr(llm.engine.runner, "launch", fail_once)
     with running_server(llm) as (url, app):
-        body = {"prompt": [4, 5, 6], "max_tokens": 10, "ignore_eos": True}
-        failed = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
-        assert failed.status_code == 500 and "planted sampling failure" in failed.json()["error"]["message"]
-        later = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
-        assert later.status_code == 200 and later.json()["usage"]["completion_tokens"] == 10
-        assert app.state.serve.front.is_alive and httpx.get(f"{url}/health").status_code == 200
+        async def two_at_once():
+            async with httpx.AsyncClient(base_url=url, timeout=60) as client:
+                body = {"prompt": [4, 5, 6], "max_tokens": 10, "ignore_eos": True}
+                return await asyncio.gather(*(client.post("/v1/completions", json=body) for _ in range(2)))
+
+        responses = sorted(asyncio.run(two_at_once()), key=lambda r: r.status_code)
+        assert [r.status_code for r in responses] == [200, 500]
+        assert responses[0].json()["usage"]["completion_tokens"] == 10
+        assert "planted sampling failure" in responses[1].json()["error"]["message"]
+        later = httpx.post(f"{url}/v1/completions", json={"prompt": [1], "max_tokens": 3}, timeout=60)
+        assert later.status_code == 200 and app.state.serve.front.is_alive
+        assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
 def test_stream_interval_sends_fewer_larger_chunks():

@@ -145,10 +145,11 @@ class AsyncEngine:
     def _step(self) -> None:
         try:
             finished = self.engine.step()
-        except Exception as exc:  # fail what was in flight, keep serving
-            logger.exception("engine step failed; failing the requests in flight")
-            for request_id in list(self._tracked):
-                self._fail(request_id, f"engine step failed: {exc}")
+        except Exception as exc:  # fail the requests that were admitted (the step's batch), keep serving
+            logger.exception("engine step failed; failing the admitted requests")
+            for request_id, tracked in list(self._tracked.items()):
+                if tracked.admitted_now():
+                    self._fail(request_id, f"engine step failed: {exc}")
             return
         now = time.perf_counter()
         outputs = {o.request_id: o for o in finished}

@@ -73,6 +73,10 @@ class TrackedRequest:
             self.started = any(s.status is not SequenceStatus.WAITING for s in self.engine_request.seqs)
         return self.started
 
+    def admitted_now(self) -> bool:
+        """Some sample holds KV or is scheduled (not just queued): a failed step may have touched it."""
+        return any(s.status is not SequenceStatus.WAITING or s.num_blocks for s in self.engine_request.seqs)
+
     def collect(self, engine, output: RequestOutput | None) -> RequestUpdate | None:
         """What is new since the last call; None when nothing is. Runs on the engine loop thread."""
         deltas, grew, error = [], False, None
