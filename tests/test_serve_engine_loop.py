@@ -133,6 +133,23 @@ def test_a_failing_step_fails_the_running_requests_only_and_the_loop_goes_on(mon
         assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
+def test_a_dead_engine_loop_answers_503_instead_of_hanging(monkeypatch):
+    llm = tiny_llm()
+    with running_server(llm) as (url, app):
+        front = app.state.serve.front
+
+        def broken_step():
+            raise SystemError("planted bug in the loop")
+
+        monkeypatch.setattr(front, "_step", broken_step)
+        response = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 4}, timeout=30)
+        assert response.status_code == 503 and "shut down" in response.json()["error"]["message"]
+        assert wait_until(lambda: not front.is_alive)
+        assert httpx.get(f"{url}/health").status_code == 503
+        again = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 4}, timeout=30)
+        assert again.status_code == 503
+
+
 def test_stream_interval_sends_fewer_larger_chunks():
     with running_server(tiny_llm(), stream_interval=4) as (url, _):
         body = {"prompt": [1, 2], "max_tokens": 10, "ignore_eos": True, "stream": True, "n": 2}

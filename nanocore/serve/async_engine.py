@@ -40,10 +40,15 @@ class AsyncEngine:
         self._commands: deque = deque()  # ("add", TrackedRequest) / ("abort", request_id), from any thread
         self._wake = threading.Event()
         self._tracked: dict[str, TrackedRequest] = {}  # loop thread only
-        self._waiting_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards the waiting count and closing against a racing submit
         self._num_waiting = 0  # accepted, not yet admitted to a step (the 429 limit counts these)
         self._accepting = True
+        self._closed = False  # the loop has exited: nothing will read the command queue again
         self._stop = False
+        self._cuda_index = None  # the loop thread uses the device the engine was built on (it is per thread)
+        if self.engine.device.type == "cuda":
+            self._cuda_index = self.engine.device.index
+            self._cuda_index = torch.cuda.current_device() if self._cuda_index is None else self._cuda_index
         self._thread = threading.Thread(target=self._run, name="nanocore-engine-loop", daemon=True)
         self._thread.start()
 
@@ -59,17 +64,17 @@ class AsyncEngine:
     async def submit(self, prompt_token_ids: list[int], params: SamplingParams,
                      streaming: bool = False) -> RequestStream:
         """Queue a request; raises APIError 429 / 503 when refused, ValueError when the engine rejects it."""
-        if not self._accepting or not self.is_alive:
-            raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
-        with self._waiting_lock:
+        tracked = TrackedRequest(f"req-{uuid.uuid4().hex}", prompt_token_ids, params, asyncio.get_running_loop(),
+                                 streaming, self.stream_interval)
+        with self._lock:
+            if not self._accepting or self._closed:
+                raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
             if self._num_waiting >= self.max_waiting_requests:
                 raise APIError(429, f"too many waiting requests ({self._num_waiting}, limit "
                                     f"{self.max_waiting_requests}); retry later", type="rate_limit_error",
                                code="rate_limit_exceeded")
             self._num_waiting += 1
-        tracked = TrackedRequest(f"req-{uuid.uuid4().hex}", prompt_token_ids, params, asyncio.get_running_loop(),
-                                 streaming, self.stream_interval)
-        self._send_command(("add", tracked))
+            self._send_command(("add", tracked))
         try:
             await tracked.accepted
         except asyncio.CancelledError:
@@ -106,18 +111,33 @@ class AsyncEngine:
 
     # ---- the loop thread -----------------------------------------------------------------
     def _run(self) -> None:
-        if self.engine.device.type == "cuda":
-            torch.cuda.set_device(self.engine.device)  # the current CUDA device is per thread
-        while not self._stop:
-            self._apply_commands()
-            if not self.engine.has_unfinished_requests():
-                self._wake.wait(IDLE_WAIT_S)
-                self._wake.clear()
-                continue
-            self._step()
-        self._apply_commands()
+        try:
+            if self._cuda_index is not None:
+                torch.cuda.set_device(self._cuda_index)
+            while not self._stop:
+                self._apply_commands()
+                if not self.engine.has_unfinished_requests():
+                    self._wake.wait(IDLE_WAIT_S)
+                    self._wake.clear()
+                    continue
+                self._step()
+        except Exception:  # a bug in the loop itself: say so, and answer every request instead of hanging
+            logger.exception("the engine loop stopped")
+        finally:
+            self._refuse_the_rest("the server shut down before this request finished")
+
+    def _refuse_the_rest(self, message: str) -> None:
+        """On exit: requests in flight and adds still queued get a 503; later submits are refused."""
+        with self._lock:
+            self._closed = True
+            commands, self._commands = list(self._commands), deque()
+        for kind, payload in commands:
+            if kind == "add":
+                self._count_started()
+                _call_soon(payload.loop, _settle, payload.accepted,
+                           APIError(503, message, type="server_error", code="service_unavailable"))
         for request_id in list(self._tracked):
-            self._fail(request_id, "the server shut down before this request finished", status=503)
+            self._fail(request_id, message, status=503)
 
     def _apply_commands(self) -> None:
         while self._commands:
@@ -182,7 +202,7 @@ class AsyncEngine:
         return update
 
     def _count_started(self) -> None:
-        with self._waiting_lock:
+        with self._lock:
             self._num_waiting -= 1
 
     def _remove(self, request_id: str, abort: bool) -> None:
@@ -190,7 +210,10 @@ class AsyncEngine:
         if not tracked.started:
             self._count_started()
         if abort:
-            self.engine.abort_request(request_id)
+            try:
+                self.engine.abort_request(request_id)
+            except Exception:  # the request still gets its answer; its blocks are the engine's problem now
+                logger.exception("aborting request %s failed", request_id)
 
     def _fail(self, request_id: str, message: str, status: int = 500) -> None:
         tracked = self._tracked.get(request_id)
