@@ -24,8 +24,11 @@ EXAMPLES = """examples:
   # a server the bench starts (child process) on dummy Qwen3-0.6B shapes; concurrency 256, then Poisson rates:
   nanocore bench serve --model dummy:Qwen3-0.6B --device cuda --concurrency 256 --compare-offline --json c256.json
   nanocore bench serve --model dummy:Qwen3-0.6B --device cuda --request-rate 4,16,64 --json rates.json
-  # the same with the server in this process (a uvicorn thread):
-  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --concurrency 256
+  # the same with the server in this process (an in-process uvicorn thread):
+  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --concurrency 256 --compare-offline \
+      --json c256_thread.json
+  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --request-rate 4,16,64 \
+      --json rates_thread.json
   # an already running server (nanocore serve, or any OpenAI-compatible one that accepts token-id prompts):
   nanocore bench serve --url http://127.0.0.1:8000 --vocab-size 151936 --request-rate 16
 """
