@@ -25,9 +25,9 @@ EXAMPLES = """examples:
   nanocore bench serve --model dummy:Qwen3-0.6B --device cuda --concurrency 256 --compare-offline --json c256.json
   nanocore bench serve --model dummy:Qwen3-0.6B --device cuda --request-rate 4,16,64 --json rates.json
   # the same with the server in this process (an in-process uvicorn thread):
-  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --concurrency 256 --compare-offline \
+  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --concurrency 256 --compare-offline \\
       --json c256_thread.json
-  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --request-rate 4,16,64 \
+  nanocore bench serve --server thread --model dummy:Qwen3-0.6B --device cuda --request-rate 4,16,64 \\
       --json rates_thread.json
   # an already running server (nanocore serve, or any OpenAI-compatible one that accepts token-id prompts):
   nanocore bench serve --url http://127.0.0.1:8000 --vocab-size 151936 --request-rate 16
