@@ -14,8 +14,8 @@ from nanocore.config import EngineConfig
 from nanocore.loader import load_model
 
 #: (method, plugin module, key under which the method's quantization_config lists ignored layers)
-METHODS = [("fp8_w8a16", "nanocore_fp8", "ignored_layers"), ("int8_w8a8", "nanocore_int8", "ignore"),
-           ("awq", "nanocore_awq", "modules_to_not_convert")]
+METHODS = [("fp8_w8a16", "nanocore_fp8", "ignore"), ("int8_w8a8", "nanocore_int8", "ignore"),
+           ("awq", "nanocore_awq", "modules_to_not_convert"), ("wna16", "nanocore_awq", "ignore")]
 SEQS = [[5, 17, 200, 3, 99, 42, 7]]
 
 
@@ -38,7 +38,7 @@ def _load(path, **kwargs):
 @pytest.mark.parametrize("method,module,key", METHODS)
 def test_ignored_layer_is_built_unquantized(tmp_path, method, module, key):
     pytest.importorskip(module, reason=f"needs the {module} plugin (pip install -e plugins_quant/...)")
-    extra = ["--group-size", "64"] if method == "awq" else []
+    extra = ["--group-size", "64"] if method in ("awq", "wna16") else []
     src, dst = _quantize(tmp_path, method, "model.layers.1.mlp.down_proj", extra=extra)
     config = json.loads((dst / "config.json").read_text())["quantization_config"]
     assert "model.layers.1.mlp.down_proj" in config[key]

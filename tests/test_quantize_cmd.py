@@ -43,8 +43,8 @@ def test_writes_an_fp8_checkpoint_and_leaves_the_source_alone(source, tmp_path):
                  "--ignore", "model.layers.1.mlp.down_proj"]) == 0
     assert digest(source) == before
     config = json.loads((dst / "config.json").read_text())
-    assert config["quantization_config"]["quant_method"] == "fp8"
-    assert config["quantization_config"]["ignored_layers"] == ["model.layers.1.mlp.down_proj"]
+    assert config["quantization_config"]["quant_method"] == "compressed-tensors"  # float-quantized, as llm-compressor
+    assert config["quantization_config"]["ignore"] == ["lm_head", "model.layers.1.mlp.down_proj"]
     assert (dst / "tokenizer.json").is_file()
     with safe_open(str(dst / "model.safetensors"), "pt") as f:
         assert f.get_tensor("model.layers.0.self_attn.q_proj.weight").dtype == torch.float8_e4m3fn
@@ -111,7 +111,7 @@ def test_each_layer_gets_its_own_calibration_inputs(source, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     config = quantize_cmd.write_quantized(source, out, method, calibration, [], {}, torch.device("cpu"))
-    assert config["quant_method"] == "fp8"
+    assert config["quant_method"] == "compressed-tensors"
     with safe_open(str(out / "model.safetensors"), "pt") as f:
         assert f.get_tensor("model.layers.1.mlp.down_proj.weight").dtype == torch.float8_e4m3fn
 

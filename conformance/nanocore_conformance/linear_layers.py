@@ -128,7 +128,7 @@ def check_quantize_output(cls: type, weights: dict[str, torch.Tensor], tensors: 
     except (TypeError, ValueError) as exc:
         raise AssertionError(f"quantize's quantization_config is not JSON-serializable ({exc}); it goes into "
                              f"config.json") from None
-    if cls.quant_method is not None:
-        assert config.get("quant_method") == cls.quant_method, (
-            f"quantize wrote quant_method {config.get('quant_method')!r} but the class loads "
-            f"{cls.quant_method!r} checkpoints; 'auto' would not pick it for its own checkpoints")
+    if config:
+        reason = cls.checkpoint_support(config)
+        assert reason is None, (f"quantize wrote {config} but the class's checkpoint_support refuses it ({reason}); "
+                                f"'auto' would not pick it for its own checkpoints")

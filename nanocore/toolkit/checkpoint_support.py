@@ -109,6 +109,14 @@ def _args_dict(args: QuantArgs | None) -> dict[str, Any] | None:
     return out
 
 
+def fp8_checkpoint_config(activation_scheme: str) -> dict[str, Any]:
+    """Per-channel fp8 weights as llm-compressor writes them (float-quantized): activations ``none`` (weight-only),
+    ``dynamic`` per token (its FP8_DYNAMIC) or ``static`` per tensor (an ``input_scale`` per layer)."""
+    activations = {"none": None, "dynamic": QuantArgs(8, "float", "token", dynamic=True),
+                   "static": QuantArgs(8, "float", "tensor")}[activation_scheme]
+    return compressed_tensors_config(QuantScheme(QuantArgs(8, "float", "channel"), activations), "float-quantized")
+
+
 def compressed_tensors_config(scheme: QuantScheme, fmt: str, ignore: list[str] | None = None) -> dict[str, Any]:
     """A ``quantization_config`` as llm-compressor writes it: one group targeting every Linear."""
     group = {"targets": ["Linear"], "weights": _args_dict(scheme.weights),

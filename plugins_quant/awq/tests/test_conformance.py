@@ -4,3 +4,7 @@ from nanocore_conformance import LinearMethodConformance
 
 class TestAWQ(LinearMethodConformance):
     backend = "awq"  # input/output size multiples come from AWQLinearMethod.conformance_requirements
+
+
+class TestWNA16(LinearMethodConformance):
+    backend = "wna16"  # its quantize writes compressed-tensors pack-quantized int4 (group 128, symmetric)

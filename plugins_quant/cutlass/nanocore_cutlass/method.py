@@ -14,7 +14,7 @@ import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
-from nanocore.toolkit.checkpoint_support import fp8_support
+from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_per_row
 from nanocore.toolkit.weights import ChannelScaledWeights
@@ -125,7 +125,7 @@ class CutlassFp8LinearMethod(LinearMethod):
         scheme = "static" if calibration else "dynamic"
         out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_fp8_per_row,
                                           FP8_MAX)
-        return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
+        return out, fp8_checkpoint_config(scheme)
 
 
 def _pad_for_tma(layer: torch.nn.Module) -> None:

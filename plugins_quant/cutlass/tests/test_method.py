@@ -10,6 +10,7 @@ from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
 from nanocore.loader.model_loader import resolve_linear_method
 from nanocore.plugins import get_registry
 from nanocore.toolkit.checkpoint import CheckpointFormatError
+from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config
 from nanocore_cutlass import CutlassFp8LinearMethod
 from nanocore_cutlass.method import _pad_for_tma
 from nanocore_cutlass.twin import fp8_linear_twin
@@ -41,7 +42,7 @@ def test_loaded_layer_runs_the_twin(m):
     layer = RowParallelLinear(64, 48, bias=False, linear_method=CutlassFp8LinearMethod(), parallel=ParallelContext(),
                               params_dtype=torch.float32)
     tensors, config = quantized(w)
-    assert config == {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": []}
+    assert config == fp8_checkpoint_config("dynamic")  # compressed-tensors float-quantized, as llm-compressor writes
     load(layer, tensors)
     layer.linear_method.process_weights_after_loading(layer)
     got = layer.linear_method.apply(layer, x, bias)
@@ -69,7 +70,7 @@ def test_static_input_scale_is_the_max_over_merged_shards_and_is_used():
     for i in range(2):
         tensors, config = quantized(torch.randn(8, 16), {"layer": x * (i + 1)})
         load(layer, tensors, i)
-    assert config["activation_scheme"] == "static"
+    assert config == fp8_checkpoint_config("static")
     method.process_weights_after_loading(layer)
     assert layer.input_scale.item() == pytest.approx(float((2 * x).abs().max()) / 448)
     expected = fp8_linear_twin(x, layer.weight, layer.weight_scale, layer.input_scale)

@@ -14,7 +14,7 @@ import torch
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
-from nanocore.toolkit.checkpoint_support import fp8_support
+from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_activations, quantize_fp8_weight
 from nanocore.toolkit.weights import ChannelScaledWeights
@@ -70,7 +70,7 @@ class _Fp8Base(LinearMethod):
             return quantize_fp8_weight(w, x, fp8_scale)
         out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_weight,
                                           FP8_MAX, with_inputs=True)
-        return out, {"quant_method": "fp8", "activation_scheme": scheme, "ignored_layers": []}
+        return out, fp8_checkpoint_config(scheme)  # what llm-compressor writes: transformers and vLLM read it
 
 
 class Fp8W8A16LinearMethod(_Fp8Base):
@@ -90,7 +90,7 @@ class Fp8W8A16LinearMethod(_Fp8Base):
 
     @classmethod
     def quantize(cls, weights, calibration=None, fp8_scale: str = "search"):
-        return cls._quantize(weights, calibration, "dynamic", fp8_scale)
+        return cls._quantize(weights, calibration, "none", fp8_scale)  # weight-only: what this method computes
 
 
 #: CUDA ``torch._scaled_mm`` needs K and N divisible by 16: real models' layers are; other shapes are zero-padded.

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from nanocore.distributed import ParallelContext
 from nanocore.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from nanocore.toolkit.checkpoint import CheckpointFormatError
+from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config
 from nanocore.toolkit.numerics import quantize_fp8, quantize_fp8_per_row, quantize_fp8_weight
 from nanocore_fp8 import Fp8W8A8LinearMethod, Fp8W8A16LinearMethod
 
@@ -112,7 +113,7 @@ def test_static_input_scale_takes_the_max_over_shards():
     for i in range(2):
         tensors, config = quantized(Fp8W8A8LinearMethod, torch.randn(8, 16), {"layer": x * (i + 1)})
         load(layer, tensors, i)
-    assert config["activation_scheme"] == "static"
+    assert config == fp8_checkpoint_config("static")
     method.process_weights_after_loading(layer)
     assert layer.input_scale.item() == pytest.approx(float((2 * x).abs().max()) / 448)
     assert method.apply(layer, x).shape == (20, 16)
@@ -136,7 +137,7 @@ def test_quantize_keeps_embeddings_norms_and_lm_head():
     weights = {"model.embed_tokens.weight": torch.randn(10, 8), "model.norm.weight": torch.ones(8),
                "lm_head.weight": torch.randn(10, 8), "model.layers.0.mlp.down_proj.weight": torch.randn(8, 16)}
     tensors, config = Fp8W8A16LinearMethod.quantize(weights)
-    assert config == {"quant_method": "fp8", "activation_scheme": "dynamic", "ignored_layers": []}
+    assert config == fp8_checkpoint_config("none")  # weight-only compressed-tensors float-quantized
     assert tensors["model.layers.0.mlp.down_proj.weight"].dtype == torch.float8_e4m3fn
     assert tensors["model.layers.0.mlp.down_proj.weight_scale"].shape == (8, 1)
     for name in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
@@ -182,7 +183,7 @@ def test_calibrated_quantization_lowers_the_output_error():
 def test_quantize_with_calibration_keeps_the_standard_format(cls):
     w, x = torch.randn(16, 32), _correlated_inputs(64, 32)
     tensors, config = cls.quantize({"layer.weight": w}, {"layer": x})
-    assert config["activation_scheme"] == ("dynamic" if cls is Fp8W8A16LinearMethod else "static")
+    assert config == fp8_checkpoint_config("none" if cls is Fp8W8A16LinearMethod else "static")
     assert tensors["layer.weight"].dtype == torch.float8_e4m3fn and tensors["layer.weight"].shape == (16, 32)
     assert tensors["layer.weight_scale"].dtype == torch.float32 and tensors["layer.weight_scale"].shape == (16, 1)
     with pytest.raises(ValueError, match="fp8_scale must be one of"):

@@ -15,7 +15,9 @@ def compressed_tensors_config(scheme: str) -> dict[str, Any]:
         activations = {"num_bits": 8, "type": "int", "symmetric": True, "group_size": None,
                        "strategy": "token" if scheme == "dynamic" else "tensor", "dynamic": scheme == "dynamic"}
     return {"quant_method": "compressed-tensors", "format": "int-quantized", "quantization_status": "compressed",
-            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations}},
+            # the group's own format too: transformers reads it there (without it, W8A16 fails with a shape error)
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": weights, "input_activations": activations,
+                                          "output_activations": None, "format": "int-quantized"}},
             "ignore": []}
 
 
