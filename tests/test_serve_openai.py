@@ -96,6 +96,10 @@ def test_logprobs_completion_and_chat(server):
     assert len(logprobs.token_logprobs) == 4 and all(lp <= 0 for lp in logprobs.token_logprobs)
     for token, top in zip(logprobs.tokens, logprobs.top_logprobs):  # greedy: the chosen token is the top one
         assert len(top) == 2 and max(top, key=top.get) == token
+    streamed = [c.choices[0].logprobs for c in client.completions.create(
+        model=NAME, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2, stream=True)]
+    assert [t for lp in streamed for t in lp.tokens] == logprobs.tokens
+    assert [o for lp in streamed for o in lp.text_offset] == logprobs.text_offset  # offsets count from the start
     chat = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=3, temperature=0, logprobs=True,
                                           top_logprobs=3)
     content = chat.choices[0].logprobs.content

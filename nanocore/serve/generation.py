@@ -73,7 +73,7 @@ async def _client_gone(raw: Request) -> None:
 async def stream_events(front: AsyncEngine, streams: list[RequestStream], shape: ResponseShape, n: int,
                         prompt_tokens: int | None) -> AsyncIterator[str]:
     """SSE text: one write per engine update (all its choices' chunks), usage if asked, then [DONE]."""
-    completion_tokens, started = 0, set()
+    completion_tokens, text_offsets = 0, {}  # choice index -> characters streamed so far
     try:
         async for prompt_index, update in merged_updates(streams):
             if update.error is not None:
@@ -83,9 +83,10 @@ async def stream_events(front: AsyncEngine, streams: list[RequestStream], shape:
             for delta in update.deltas:
                 index = prompt_index * n + delta.index
                 completion_tokens += len(delta.token_ids)
+                offset = text_offsets.get(index)
                 chunks.append(sse(shape.chunk(index, delta.text, delta.token_ids, delta.logprobs,
-                                              delta.finish_reason, role=index not in started)))
-                started.add(index)
+                                              delta.finish_reason, role=offset is None, text_offset=offset or 0)))
+                text_offsets[index] = (offset or 0) + len(delta.text)
             if chunks:
                 yield "".join(chunks)
         if prompt_tokens is not None:

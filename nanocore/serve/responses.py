@@ -68,10 +68,10 @@ class ResponseShape:
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def logprobs(self, token_ids: list[int], logprobs) -> dict[str, Any] | None:
+    def logprobs(self, token_ids: list[int], logprobs, text_offset: int = 0) -> dict[str, Any] | None:
         if self.chat:
             return chat_logprobs(token_ids, logprobs, self.top_logprobs)
-        return completion_logprobs(token_ids, logprobs, self.top_logprobs)
+        return completion_logprobs(token_ids, logprobs, self.top_logprobs, text_offset)
 
     def body(self, choices: list[tuple[int, Any]], usage_counts: dict[str, int]) -> dict[str, Any]:
         """The whole response; ``choices`` are (index, CompletionOutput)."""
@@ -87,10 +87,11 @@ class ResponseShape:
         return {**self._envelope("chat.completion" if self.chat else "text_completion", rows), "usage": usage_counts}
 
     def chunk(self, index: int, text: str | None, token_ids: list[int], logprobs, finish_reason: str | None,
-              role: bool = False) -> dict[str, Any]:
-        """One stream chunk for one choice (chat: ``delta``; the first one of a choice carries the role)."""
-        row: dict[str, Any] = {"index": index, "logprobs": self.logprobs(token_ids, logprobs) if token_ids else None,
-                               "finish_reason": finish_reason}
+              role: bool = False, text_offset: int = 0) -> dict[str, Any]:
+        """One stream chunk for one choice (chat: ``delta``; the first one of a choice carries the role).
+        ``text_offset``: characters of this choice streamed before (completions logprobs count from there)."""
+        row: dict[str, Any] = {"index": index, "finish_reason": finish_reason,
+                               "logprobs": self.logprobs(token_ids, logprobs, text_offset) if token_ids else None}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
