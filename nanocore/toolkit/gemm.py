@@ -1,7 +1,8 @@
 """Triton GEMMs for weights quantized per output channel (fp8 e4m3 or int8), dequantized in registers.
 
-``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``. Two kernels:
+``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``. Three kernels:
 
+* ``gemv`` (M = 1, the default there): CUDA-core GEMV in :mod:`nanocore.toolkit.gemv`.
 * ``splitk`` (decode, M <= ``DECODE_MAX_M``): each program streams ``BLOCK_N`` weight rows over one K slice
   for all tokens, so even N = 3584 keeps every SM busy; the last slice to finish sums the fp32 partials
   (one launch, deterministic). M = 1..2 reduce with FMAs, larger M with ``tl.dot``.
@@ -149,7 +150,8 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     if w_kind == W_FP8_BITS:
         s = s * 256.0  # the bit trick widens e4m3 to value / 256
     if cfg.kind == "gemv" and m == 1:
-        _launch_gemv(x2, w, s, bias, y, w_kind, cfg)
+        from nanocore.toolkit.gemv import launch_gemv  # gemv builds on this module's split-K helpers
+        launch_gemv(x2, w, s, bias, y, w_kind, cfg)
     elif cfg.kind in ("splitk", "gemv"):  # a gemv config at M > 1 runs the split-K kernel with its tiles
         _launch_splitk(x2, w, s, bias, y, w_kind, dataclasses.replace(cfg, kind="splitk", block_m=16))
     elif cfg.kind == "tiled":
@@ -172,16 +174,6 @@ def int8_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Te
     xs = x_scale.float().reshape(-1).expand(m).contiguous()
     launch_tiled(xq, weight, scale.reshape(-1).float(), xs, bias, y, W_INT8, cfg)
     return y
-
-
-def _launch_gemv(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
-    from nanocore.toolkit.gemv import W_INT8_CVT, launch_gemv
-    n = w.shape[0]
-    kind = W_INT8_CVT if (w_kind == W_INT8 and not cfg.int8_magic) else w_kind
-    if kind == W_INT8:
-        w = w.view(torch.uint8)  # zero-extended bytes: the exponent trick needs no sign extension or mask
-    launch_gemv(x2, w, s, bias, y, kind, cfg, lambda split_k, grid_n: splitk_workspace(split_k, 1, n, grid_n,
-                                                                                       x2.device, w))
 
 
 def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:

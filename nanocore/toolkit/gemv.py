@@ -37,14 +37,20 @@ def gemv_split_k(n_blocks: int, k_tiles: int, sms: int, requested: int = 0) -> i
     return max(1, min(want, k_tiles // 2, 16))
 
 
-def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg, partials_and_locks) -> None:
-    """``x2 [1, K]`` times ``w [N, K]`` (one byte per weight) into ``y [1, N]``; ``cfg`` a ``GemmConfig``."""
+def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
+    """``x2 [1, K]`` times ``w [N, K]`` (one byte per weight, ``w_kind`` as in ``toolkit.gemm``) into ``y [1, N]``;
+    ``cfg`` a ``GemmConfig``; ``s`` the float32 scales (times 256 for fp8 bits)."""
+    from nanocore.toolkit.gemm import splitk_workspace
     k, n = x2.shape[1], w.shape[0]
+    if w_kind == W_INT8 and not cfg.int8_magic:
+        w_kind = W_INT8_CVT
+    elif w_kind == W_INT8:
+        w = w.view(torch.uint8)  # zero-extended bytes: the exponent trick needs no sign extension or mask
     grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
     split_k = gemv_split_k(grid_n, k_tiles, _sms(x2.device), cfg.split_k)
     k_per_split = triton.cdiv(k_tiles, split_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)
-    partials, locks = partials_and_locks(split_k, grid_n)
+    partials, locks = splitk_workspace(split_k, 1, n, grid_n, x2.device, w)
     placeholder = s
     _gemv_kernel[(grid_n, split_k)](
         x2, w, s, bias if bias is not None else placeholder, y,
