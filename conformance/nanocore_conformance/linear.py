@@ -28,6 +28,30 @@ layer_settings = settings(suite_settings, max_examples=max(1, MAX_EXAMPLES // 2)
 HEADS = [(2, 2), (2, 1), (4, 2), (4, 1), (4, 4)]
 
 
+def copy_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor, *args, **kwargs) -> None:
+    """The simplest layer-side loader: one unsharded tensor per parameter (for plugins' own single-layer tests)."""
+    if tuple(param.shape) != tuple(loaded_weight.shape):
+        raise ValueError(f"checkpoint tensor {tuple(loaded_weight.shape)} does not fit parameter {tuple(param.shape)}")
+    param.data.copy_(loaded_weight)
+
+
+def build_layer(method, weight: torch.Tensor, partitions: list[int], dtype, device) -> torch.nn.Module:
+    """One plain layer: create_weights, ``quantize({"weight": W})`` loaded with ``copy_weight_loader``, process."""
+    layer = torch.nn.Module()
+    with torch.device(device):
+        method.create_weights(layer, weight.shape[1], list(partitions), weight.shape[1], sum(partitions), dtype,
+                              copy_weight_loader)
+    try:
+        tensors, _config = type(method).quantize({"weight": weight.to(dtype)})
+    except NotImplementedError:
+        tensors = {"weight": weight.to(dtype)}
+    for name, tensor in tensors.items():
+        param = getattr(layer, name)
+        param.weight_loader(param, tensor.to(device))
+    method.process_weights_after_loading(layer)
+    return layer
+
+
 def quantize_layer(cls: type, weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
     """What ``nanocore quantize`` writes for one decoder layer: ``quantize`` output, else the tensors themselves."""
     try:
