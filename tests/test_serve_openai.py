@@ -67,12 +67,12 @@ def test_chat_whole_and_streamed(server):
 
 def test_n_samples_seeded_and_reproducible(server):
     client, _ = server
-    args = dict(model=NAME, prompt=PROMPT, max_tokens=8, temperature=1.0, n=3, seed=7)
+    args = dict(model=NAME, prompt=PROMPT, max_tokens=5, temperature=1.0, n=3, seed=7)
     first, again = client.completions.create(**args), client.completions.create(**args)
     assert sorted(c.index for c in first.choices) == [0, 1, 2]
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
     assert len({c.text for c in first.choices}) > 1  # the samples differ from each other
-    assert first.usage.completion_tokens == 24
+    assert first.usage.completion_tokens == 15
 
 
 def test_stop_string_and_list_of_prompts(server):

@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        code = int(args.func(args) or 0)
+        sys.stdout.flush()  # buffered output meets a closed pipe here, inside the handler below
+        return code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `nanocore plugins | head`: the reader left; stop quietly like other CLI tools
