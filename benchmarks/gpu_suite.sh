@@ -7,7 +7,8 @@
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
-#   per linear method), and on a 2-GPU machine tp2smoke tp2 tp2bench
+#   per linear method), serve (bench serve vs offline, request rates), contract (cuda conformance), and on a 2-GPU
+#   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
 source benchmarks/gpu_setup.sh || exit 1
@@ -136,6 +137,15 @@ verify)  # every plugin's cuda conformance and the engine's cuda tests, attentio
   for m in unquantized fp8_w8a16 awq; do
     step 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
   done ;;
+serve)  # served vs offline output tok/s at concurrency 256 (one server, one call); TTFT/TPOT/ITL at 4, 16, 64 req/s
+  TAIL=24 step 260 $N bench serve $Q06 --max-model-len 2048 --concurrency 256 --compare-offline \
+    --json "$out/serve_c256_qwen3_0.6b.json"
+  TAIL=16 step 150 $N bench serve $Q06 --max-model-len 2048 --request-rate 4,16,64 --num-prompts 48 --warmup one \
+    --json "$out/serve_rates_qwen3_0.6b.json" ;;
+contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
+  TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
+    plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
+    plugins_quant/awq/tests/test_conformance.py ;;
 codecgap)  # where k_int8_v_fp8's throughput loss comes from: decode steps and kernels at two contexts, prefill (~300 s)
   for c in unquantized k_int8_v_fp8; do
     TAIL=30 step 100 python3 -m benchmarks.step_profile --model dummy:Qwen3-0.6B --batch-sizes 256 --context-len 256 1024 \
