@@ -158,6 +158,19 @@ class LinearMethodConformance(BackendContractConformance):
                 f"(predicted std {std[m, n].item():.3g}). "
                 f"Check the weight_loader's merged-shard offsets and TP slices, scales and zero points; if apply is "
                 f"right, quant_scheme() understates how the method rounds.")
+        self._check_gain(got - want, want - (0 if bias is None else bias.double().cpu()), std, x.dtype, where)
+
+    @staticmethod
+    def _check_gain(err, product, std, dtype, where):
+        """Rounding noise is uncorrelated with ``x W^T``; a scale a little off is not: regress the error on it."""
+        norm = (product ** 2).sum()
+        if norm == 0:
+            return
+        gain = float((err * product).sum() / norm)
+        allowed = NOISE_SIGMAS * float((std ** 2 * product ** 2).sum().sqrt() / norm) + 2 * torch.finfo(dtype).eps
+        assert abs(gain) <= allowed, (
+            f"{where}: the output is x W^T times {1 + gain:.5f} (a systematic {gain:+.3%}, beyond the +-{allowed:.3%} "
+            f"rounding noise allows); a scale is off (dequantization factor, scale dtype or a scale applied twice)")
 
     @layer_settings
     @given(draw=layer_draws, seed=st.integers(0, 2**31 - 1))

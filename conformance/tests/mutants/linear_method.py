@@ -167,6 +167,14 @@ class ScaledLinear(UnquantizedLinearMethod):
         return F.linear(x, layer.weight * 1.01, bias)
 
 
+class ChannelScaleOnePercentHigh(ChannelInt8):
+    """Dequantizes with scales 1% high (e.g. max / 125.7 folded in where the checkpoint used max / 127)."""
+
+    def apply(self, layer, x, bias=None):
+        check_input(layer, x)
+        return F.linear(x, (layer.weight.float() * layer.weight_scale * 1.01).to(x.dtype), bias)
+
+
 class BiasAddedTwice(ChannelInt8):
     """Passes the bias to ``F.linear`` and adds it again (a kernel that fuses the bias, plus the usual add)."""
 
@@ -229,6 +237,6 @@ class NibblesReversed(GroupInt4):
 
 
 CORRECT = [PlainLinear, ChannelInt8, TensorInt8, GroupInt4]
-MUTANTS = [ScaledLinear, BiasAddedTwice, ScaleOverFirstShard, InputShardOfRankZero, PerTensorScaleDeclaredChannel,
+MUTANTS = [ScaledLinear, ChannelScaleOnePercentHigh, BiasAddedTwice, ScaleOverFirstShard, InputShardOfRankZero, PerTensorScaleDeclaredChannel,
            ZeroPointAsMidpoint, GroupSize64, NibblesReversed]
 bind_all(globals(), LinearMethodConformance, CORRECT + MUTANTS)
