@@ -237,6 +237,6 @@ class NibblesReversed(GroupInt4):
 
 
 CORRECT = [PlainLinear, ChannelInt8, TensorInt8, GroupInt4]
-MUTANTS = [ScaledLinear, ChannelScaleOnePercentHigh, BiasAddedTwice, ScaleOverFirstShard, InputShardOfRankZero, PerTensorScaleDeclaredChannel,
-           ZeroPointAsMidpoint, GroupSize64, NibblesReversed]
+MUTANTS = [ScaledLinear, ChannelScaleOnePercentHigh, BiasAddedTwice, ScaleOverFirstShard, InputShardOfRankZero,
+           PerTensorScaleDeclaredChannel, ZeroPointAsMidpoint, GroupSize64, NibblesReversed]
 bind_all(globals(), LinearMethodConformance, CORRECT + MUTANTS)
