@@ -1,59 +1,45 @@
-"""KVCodecConformance: allocation size, store/gather, slot -1, and paged attention against ``unquantized``."""
+"""KVCodecConformance: allocation per the declared layout, stored values after engine-shaped and scattered writes,
+``gather`` against the raw layout, and attention (through ``gather`` and through the core's Triton kernel reading
+the layout) against the unquantized oracle."""
 from __future__ import annotations
 
+import os
 from typing import ClassVar
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
-from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
-from nanocore.interfaces import KVCache
-from nanocore.layers.attention import AttentionMetadata, paged_attention_reference
-from nanocore_conformance.base import assert_close, check_tolerance_declaration, generator, randn, suite_settings
+from nanocore.layers.attention import paged_attention_reference
+from nanocore_conformance.base import (MAX_EXAMPLES, assert_close, check_tolerance_declaration, generator,
+                                       suite_settings)
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.kv_codec_cases import (ShadowCache, attention_inputs, engine_sequences, oracle_attention,
+                                                 prefill_then_decode, scattered_writes)
+from nanocore_conformance.kv_codec_layout import check_allocation, layout_bytes_per_token, read_like_core
+
+# Triton's interpreter takes about half a second per example: fewer of them (the layouts are few), and no
+# shrinking (minutes of interpreted runs; the failure message names the broken rule)
+kernel_settings = settings(suite_settings, max_examples=max(1, MAX_EXAMPLES // 5),
+                           phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
-def per_slot(cache: KVCache) -> list[torch.Tensor]:
-    """Every cache tensor viewed as ``[num_slots, ...]`` (clones, for before/after comparisons)."""
-    return [t.reshape(t.shape[0] * t.shape[1], -1).clone() for t in cache.tensors()]
+def compute_slack(dtype: torch.dtype) -> float:
+    """Extra (atol, rtol) for attention computed in a 16-bit dtype (the oracle is float32)."""
+    return 0.0 if dtype == torch.float32 else 4 * torch.finfo(dtype).eps
 
 
-def fill_cache(codec, cache: KVCache, heads: int, head_dim: int, dtype, device, seed: int):
-    """Store random K/V into every slot; return them as ``[num_slots, heads, head_dim]``."""
-    num_slots = cache.num_blocks * cache.block_size
-    g = generator(seed)
-    k = randn(num_slots, heads, head_dim, seed_gen=g, dtype=dtype, device=device)
-    v = randn(num_slots, heads, head_dim, seed_gen=g, dtype=dtype, device=device)
-    codec.store(cache, k, v, torch.arange(num_slots, device=device))
-    return k, v
-
-
-def attention_case(seq_specs, heads, group, head_dim, block_size, dtype, device, seed):
-    """Random q and metadata for sequences ``(seq_len, query_len)`` over a shuffled block table."""
-    blocks_per_seq = [-(-seq_len // block_size) for seq_len, _ in seq_specs]
-    g = generator(seed)
-    order = torch.randperm(sum(blocks_per_seq), generator=g).to(torch.int32)
-    table = torch.zeros(len(seq_specs), max(blocks_per_seq), dtype=torch.int32)
-    start = 0
-    for b, n in enumerate(blocks_per_seq):
-        table[b, :n] = order[start:start + n]
-        start += n
-    query_lens = [q for _, q in seq_specs]
-    seq_lens = [s for s, _ in seq_specs]
-    starts = [0]
-    for q in query_lens:
-        starts.append(starts[-1] + q)
-    meta = AttentionMetadata(
-        slot_mapping=torch.full((starts[-1],), -1, dtype=torch.int64, device=device),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        block_tables=table.to(device), max_query_len=max(query_lens), max_seq_len=max(seq_lens),
-        query_lens_cpu=query_lens, seq_lens_cpu=seq_lens, impl="torch",
-    )
-    q = randn(starts[-1], heads * group, head_dim, seed_gen=g, dtype=dtype, device=device)
-    return q, meta, sum(blocks_per_seq)
+def core_kernel_unavailable(device: torch.device) -> str | None:
+    """Why the core's Triton attention cannot run here, or None."""
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "Triton is not installed"
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        return ("the core Triton attention runs on CPU only in Triton's interpreter: set TRITON_INTERPRET=1 before "
+                "Triton is imported (e.g. at the top of your conftest.py)")
+    return None
 
 
 class KVCodecConformance(BackendContractConformance):
@@ -70,82 +56,137 @@ class KVCodecConformance(BackendContractConformance):
 
     @suite_settings
     @given(heads=st.integers(1, 4), data=st.data(), num_blocks=st.integers(1, 5))
-    def test_bytes_per_token_is_what_allocate_allocates(self, backend_cls, backend_options, dtype, device,
-                                                         heads, data, num_blocks):
+    def test_allocation_follows_layout(self, backend_cls, backend_options, dtype, device, heads, data, num_blocks):
         head_dim = data.draw(st.sampled_from(self.head_dims))
         block_size = data.draw(st.sampled_from(self.block_sizes))
         codec = self.codec(backend_cls, backend_options)
+        layout = codec.layout(dtype)
         cache = codec.allocate(num_blocks, block_size, heads, head_dim, dtype, device)
+        check_allocation(cache, layout, num_blocks, block_size, heads, head_dim)
         allocated = sum(t.numel() * t.element_size() for t in cache.tensors())
         declared = codec.bytes_per_token(heads, head_dim, dtype)
+        implied = layout_bytes_per_token(layout, heads, head_dim)
+        assert declared == implied, (
+            f"bytes_per_token says {declared} B/token but the declared layout takes {implied} B/token (K and V "
+            f"values plus their scales); the engine sizes the KV cache from bytes_per_token, so it must be exact")
         assert allocated == declared * num_blocks * block_size, (
             f"bytes_per_token says {declared} B/token but allocate() allocated {allocated} B for "
             f"{num_blocks * block_size} tokens ({allocated / (num_blocks * block_size):g} B/token)")
-        for t in cache.tensors():
-            assert t.shape[:2] == (num_blocks, block_size), f"cache tensor {tuple(t.shape)} is not [num_blocks, block_size, ...]"
 
-    @suite_settings
-    @given(heads=st.integers(1, 4), data=st.data(), seed=st.integers(0, 2**31 - 1))
-    def test_store_gather_round_trip(self, backend_cls, backend_options, dtype, device, heads, data, seed):
+    def _shadow(self, backend_cls, options, dtype, device, heads, head_dim, block_size, num_blocks, seed,
+                verify=True):
+        codec = self.codec(backend_cls, options)
+        layout = codec.layout(dtype)
+        cache = codec.allocate(num_blocks, block_size, heads, head_dim, dtype, device)
+        check_allocation(cache, layout, num_blocks, block_size, heads, head_dim)
+        return ShadowCache(codec, cache, layout, seed, verify)
+
+    def _engine_writes(self, backend_cls, options, dtype, device, data, seed):
         head_dim = data.draw(st.sampled_from(self.head_dims))
         block_size = data.draw(st.sampled_from(self.block_sizes))
-        num_blocks = data.draw(st.integers(1, 4))
-        codec = self.codec(backend_cls, backend_options)
-        cache = codec.allocate(num_blocks, block_size, heads, head_dim, dtype, device)
-        k, v = fill_cache(codec, cache, heads, head_dim, dtype, device, seed)
-        slots = torch.randperm(k.shape[0], generator=generator(seed)).to(device)
-        got_k, got_v = codec.gather(cache, slots, dtype)
-        assert got_k.dtype == dtype and got_v.dtype == dtype, f"gather must return {dtype}, got {got_k.dtype}/{got_v.dtype}"
-        assert_close(got_k, k[slots], backend_cls.tolerance, f"{self.backend} gathered K vs stored K")
-        assert_close(got_v, v[slots], backend_cls.tolerance, f"{self.backend} gathered V vs stored V")
+        heads = data.draw(st.integers(1, 3))
+        seqs, num_blocks = engine_sequences(data, block_size)
+        shadow = self._shadow(backend_cls, options, dtype, device, heads, head_dim, block_size, num_blocks, seed)
+        for name, mapping in prefill_then_decode(data, seqs, block_size):
+            shadow.store(name, mapping, dtype)
 
     @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
-    def test_slot_minus_one_leaves_cache_untouched(self, backend_cls, backend_options, dtype, device, data, seed):
+    def test_prefill_then_decode_writes(self, backend_cls, backend_options, dtype, device, data, seed):
+        """Engine-shaped stores (sequences on shuffled blocks, prefill chunks, then one token per sequence in
+        shuffled order with -1 padding): after each, the written slots hold their values, the rest is unchanged."""
+        self._engine_writes(backend_cls, backend_options, dtype, device, data, seed)
+
+    @suite_settings
+    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+    def test_scattered_writes_and_rewrites(self, backend_cls, backend_options, dtype, device, data, seed):
+        """Every slot out of order, then rewrites of random slots with gaps and -1 entries."""
         head_dim = data.draw(st.sampled_from(self.head_dims))
         block_size = data.draw(st.sampled_from(self.block_sizes))
-        codec = self.codec(backend_cls, backend_options)
-        cache = codec.allocate(3, block_size, 2, head_dim, dtype, device)
-        fill_cache(codec, cache, 2, head_dim, dtype, device, seed)
-        num_slots = 3 * block_size
-        before = per_slot(cache)
-        # the last slot is never written: a codec indexing with -1 would overwrite it
-        written = data.draw(st.lists(st.integers(0, num_slots - 2), unique=True, max_size=num_slots - 1))
-        mapping = data.draw(st.permutations(written + [-1] * data.draw(st.integers(1, 4))))
-        g = generator(seed + 1)
-        k = randn(len(mapping), 2, head_dim, seed_gen=g, dtype=dtype, device=device)
-        v = randn(len(mapping), 2, head_dim, seed_gen=g, dtype=dtype, device=device)
-        codec.store(cache, k, v, torch.tensor(mapping, dtype=torch.int64, device=device))
-        untouched = torch.tensor([s for s in range(num_slots) if s not in written], dtype=torch.long)
-        for old, new in zip(before, per_slot(cache)):
-            assert torch.equal(old[untouched.to(old.device)], new[untouched.to(new.device)]), (
-                "store() changed slots that were not in slot_mapping (slot -1 must be skipped)")
+        num_blocks, heads = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
+        shadow = self._shadow(backend_cls, backend_options, dtype, device, heads, head_dim, block_size, num_blocks,
+                              seed)
+        for name, mapping in scattered_writes(data, num_blocks * block_size):
+            shadow.store(name, mapping, dtype)
 
-    def _attention_check(self, backend_cls, options, dtype, device, data, seed):
+    @suite_settings
+    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+    def test_gather_dequantizes_the_layout(self, backend_cls, backend_options, dtype, device, data, seed):
+        """``gather`` returns what the core attention reads from the raw tensors (values times their scales)."""
+        head_dim = data.draw(st.sampled_from(self.head_dims))
+        block_size = data.draw(st.sampled_from(self.block_sizes))
+        num_blocks, heads = data.draw(st.integers(1, 4)), data.draw(st.integers(1, 3))
+        shadow = self._shadow(backend_cls, backend_options, dtype, device, heads, head_dim, block_size, num_blocks,
+                              seed, verify=False)
+        num_slots = num_blocks * block_size
+        shadow.store("every slot, out of order", data.draw(st.permutations(range(num_slots))), dtype)
+        slots = torch.randint(0, num_slots, (data.draw(st.integers(1, 2 * num_slots)),), generator=generator(seed))
+        got = shadow.codec.gather(shadow.cache, slots.to(device), dtype)
+        expected = read_like_core(shadow.cache, slots.to(device))
+        for side, g, e in zip("KV", got, expected):
+            assert g.dtype == dtype, f"gather must return {dtype}, got {side} in {g.dtype}"
+            assert_close(g, e.to(dtype), (1e-30, 2 * torch.finfo(dtype).eps),
+                         f"gather: {side} differs from the raw cache dequantized per the declared layout "
+                         f"(stored value x its scale, as the core attention reads it); gather must be that reference")
+
+    def _attention_check(self, backend_cls, options, dtype, device, data, seed, core_kernel: bool):
         head_dim = data.draw(st.sampled_from(self.head_dims))
         block_size = data.draw(st.sampled_from(self.block_sizes))
         heads, group = data.draw(st.integers(1, 3)), data.draw(st.sampled_from([1, 2]))
-        seq_specs = []
-        for _ in range(data.draw(st.integers(1, 3))):
-            seq_len = data.draw(st.integers(1, 3 * block_size))
-            seq_specs.append((seq_len, data.draw(st.integers(1, seq_len))))
-        q, meta, num_blocks = attention_case(seq_specs, heads, group, head_dim, block_size, dtype, device, seed)
-        outs = []
-        for codec in (self.codec(backend_cls, options), UnquantizedKVCodec()):
-            cache = codec.allocate(num_blocks, block_size, heads, head_dim, dtype, device)
-            fill_cache(codec, cache, heads, head_dim, dtype, device, seed)
-            meta.codec = codec
-            outs.append(paged_attention_reference(q, None, None, cache, meta, head_dim ** -0.5))
-        assert_close(outs[0], outs[1], backend_cls.tolerance, f"{self.backend} paged attention vs unquantized")
+        seqs, num_blocks = engine_sequences(data, block_size, max_seqs=3)
+        shadow = self._shadow(backend_cls, options, dtype, device, heads, head_dim, block_size, num_blocks, seed,
+                              verify=False)
+        for name, mapping in prefill_then_decode(data, seqs, block_size):
+            shadow.store(name, mapping, dtype)
+        q, meta = attention_inputs(data, seqs, block_size, heads * group, head_dim, dtype, device, generator(seed))
+        meta.codec = shadow.codec
+        scale = head_dim ** -0.5
+        if core_kernel:
+            from nanocore.kernels.paged_attention import paged_attention
+            out = paged_attention(q, None, None, shadow.cache, meta, scale, layout=shadow.layout)
+            what = (f"{self.backend}: the core Triton attention reading the declared layout {shadow.layout} vs the "
+                    f"unquantized oracle (store must write what layout() declares; gather cannot hide a difference)")
+        else:
+            out = paged_attention_reference(q, None, None, shadow.cache, meta, scale)
+            what = f"{self.backend}: attention through gather vs the unquantized oracle"
+        expected = oracle_attention(q, meta, seqs, shadow, block_size, scale)
+        slack = compute_slack(dtype)
+        atol, rtol = backend_cls.tolerance
+        assert_close(out, expected, (atol + slack, rtol + slack), what)
 
     @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_attention_matches_unquantized(self, backend_cls, backend_options, dtype, device, data, seed):
-        self._attention_check(backend_cls, backend_options, dtype, device, data, seed)
+        self._attention_check(backend_cls, backend_options, dtype, device, data, seed, core_kernel=False)
+
+    @kernel_settings
+    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+    def test_core_kernel_attention_matches_unquantized(self, backend_cls, backend_options, device, data, seed):
+        """The attention the GPU runs: the core kernel reads the raw cache per ``layout()`` (here in Triton's
+        interpreter on CPU, float32 or float16 compute)."""
+        reason = core_kernel_unavailable(device)
+        if reason:
+            pytest.skip(reason)
+        dtype = data.draw(st.sampled_from([torch.float32, torch.float16]))
+        self._attention_check(backend_cls, backend_options, dtype, device, data, seed, core_kernel=True)
+
+    @pytest.mark.cuda
+    @suite_settings
+    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+    def test_prefill_then_decode_writes_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device, data,
+                                                seed):
+        self._engine_writes(backend_cls, backend_options, cuda_dtype, cuda_device, data, seed)
 
     @pytest.mark.cuda
     @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_attention_matches_unquantized_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device,
                                                    data, seed):
-        self._attention_check(backend_cls, backend_options, cuda_dtype, cuda_device, data, seed)
+        self._attention_check(backend_cls, backend_options, cuda_dtype, cuda_device, data, seed, core_kernel=False)
+
+    @pytest.mark.cuda
+    @suite_settings
+    @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
+    def test_core_kernel_attention_matches_unquantized_on_cuda(self, backend_cls, backend_options, cuda_dtype,
+                                                               cuda_device, data, seed):
+        self._attention_check(backend_cls, backend_options, cuda_dtype, cuda_device, data, seed, core_kernel=True)
