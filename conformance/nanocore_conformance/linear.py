@@ -13,9 +13,11 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
+from nanocore.interfaces.quant_scheme import QuantScheme
 from nanocore.layers.linear import RowParallelLinear
 from nanocore_conformance.base import MAX_EXAMPLES, generator, randn, suite_settings
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.linear_formats import WRITERS
 from nanocore_conformance.linear_layers import (ROW_PARALLEL, LayerShape, build_layers, check_quantize_output,
                                                 checkpoint_weights, load_checkpoint)
 from nanocore_conformance.quant_noise import NOISE_SIGMAS, float_slack, predicted_std, weight_step
@@ -106,13 +108,25 @@ class LinearMethodConformance(BackendContractConformance):
         "qkv_bias": st.booleans(),
     })
 
-    def _check_layer_against_oracle(self, backend_cls, options, dtype, device, draw, seed):
+    @staticmethod
+    def _checkpoint(backend_cls, options, weights, writer):
+        """(tensors, method options, scheme to predict the noise with): from ``quantize``, or from ``writer``
+        (a checkpoint made elsewhere: its weights rounded as the writer says, activations as the method declares)."""
+        if writer is None:
+            tensors, config = quantize_layer(backend_cls, weights)
+            options = method_options(options, config)
+            return tensors, options, backend_cls(options).quant_scheme()
+        tensors, config, weight_args = writer(weights, backend_cls(dict(options)).quant_scheme())
+        options = method_options(options, config)
+        declared = backend_cls(options).quant_scheme()
+        return tensors, options, QuantScheme(weights=weight_args,
+                                             input_activations=declared.input_activations if declared else None)
+
+    def _check_layer_against_oracle(self, backend_cls, options, dtype, device, draw, seed, writer=None):
         shape = self.layer_shape(backend_cls, draw)
         g = generator(seed)
         weights = {n: t.to(dtype) for n, t in checkpoint_weights(shape, g).items()}
-        tensors, config = quantize_layer(backend_cls, weights)
-        options = method_options(options, config)
-        scheme = backend_cls(options).quant_scheme()
+        tensors, options, scheme = self._checkpoint(backend_cls, options, weights, writer)
         steps = {n: weight_step(t, scheme) for n, t in weights.items() if n.endswith("proj.weight")}
         no_bias = dataclasses.replace(shape, qkv_bias=False)
         x_in = {"hidden": random_activations(*draw["leading"], shape.hidden, g=g),
@@ -129,7 +143,8 @@ class LinearMethodConformance(BackendContractConformance):
             for name, layer in layers.items():
                 x = x_in.get(name, x_in["hidden"])
                 x = x.chunk(tp, dim=-1)[rank] if name in ROW_PARALLEL else x
-                where = f"{name} (tp rank {rank} of {tp}, {shape})"
+                made_by = f", a checkpoint as {writer.__name__} writes it" if writer else ""
+                where = f"{name} (tp rank {rank} of {tp}, {shape}{made_by})"
                 self._compare(layer, oracles[name], step_layers[name].weight, x.to(dtype=dtype, device=device),
                               scheme, where)
 
@@ -177,9 +192,26 @@ class LinearMethodConformance(BackendContractConformance):
     def test_decoder_layer_matches_unquantized(self, backend_cls, backend_options, dtype, device, draw, seed):
         self._check_layer_against_oracle(backend_cls, backend_options, dtype, device, draw, seed)
 
-    def test_quant_scheme_declared(self, backend_cls, backend_options):
-        from nanocore.interfaces.quant_scheme import QuantScheme
+    #: layers for checkpoints made elsewhere: two TP ranks with GQA and q/k/v bias; one rank, one KV head
+    reference_draws = ({"tp_size": 2, "heads": (4, 2), "hidden": 47, "head_dim": 16, "intermediate": 24,
+                        "leading": [5], "qkv_bias": True},
+                       {"tp_size": 1, "heads": (2, 1), "hidden": 20, "head_dim": 7, "intermediate": 33,
+                        "leading": [2, 3], "qkv_bias": False})
 
+    def test_loads_checkpoints_made_elsewhere(self, backend_cls, backend_options, dtype, device):
+        declared = backend_cls(dict(backend_options)).quant_scheme()
+        writers = [w for w in WRITERS.get(backend_cls.quant_method, ()) if w({}, declared) is not None]
+        if backend_cls.quant_method is None:
+            pytest.skip("plain checkpoints (quant_method None): the decoder-layer check loads them")
+        if not writers:
+            pytest.skip(f"the suite writes no {backend_cls.quant_method!r} checkpoint with scheme {declared} "
+                        f"(it writes {sorted(WRITERS)}: fp8 per channel / per tensor, AutoAWQ GEMM, "
+                        f"compressed-tensors int8 per channel)")
+        for writer in writers:
+            for seed, draw in enumerate(self.reference_draws):
+                self._check_layer_against_oracle(backend_cls, backend_options, dtype, device, draw, seed, writer)
+
+    def test_quant_scheme_declared(self, backend_cls, backend_options):
         scheme = backend_cls(dict(backend_options)).quant_scheme()
         assert scheme is None or isinstance(scheme, QuantScheme), (
             f"quant_scheme() must return a QuantScheme (nanocore.interfaces) or None, got {scheme!r}")

@@ -148,16 +148,59 @@ class GroupInt4(LinearMethod):
     def quantize(cls, weights, calibration=None):
         out = dict(weights)
         for name in linear_weights(weights):
-            w = weights[name].float()
-            groups = w.reshape(w.shape[0], -1, GROUP)
-            lo, hi = groups.amin(-1).clamp_max(0), groups.amax(-1).clamp_min(0)
-            scales = ((hi - lo) / INT4_MAX).clamp_min(1e-12)
-            zeros = (-lo / scales).round()
-            q = (groups / scales[..., None] + zeros[..., None]).round().clamp(0, INT4_MAX).reshape(w.shape)
+            q, scales, zeros = int4_groups(weights[name])
             prefix = name[: -len("weight")]
             del out[name]
             out.update({prefix + "qweight": pack_nibbles(q), prefix + "scales": scales, prefix + "zeros": zeros})
         return out, {"quant_method": cls.quant_method, "group_size": GROUP}
+
+
+def int4_groups(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric int4 of ``w [N, K]`` per 128 inputs: values ``[N, K]``, scales and zero points ``[N, K / 128]``."""
+    groups = w.float().reshape(w.shape[0], -1, GROUP)
+    lo, hi = groups.amin(-1).clamp_max(0), groups.amax(-1).clamp_min(0)
+    scales = ((hi - lo) / INT4_MAX).clamp_min(1e-12)
+    zeros = (-lo / scales).round()
+    q = (groups / scales[..., None] + zeros[..., None]).round().clamp(0, INT4_MAX).reshape(w.shape)
+    return q, scales, zeros
+
+
+class NaturalOrderAWQ(LinearMethod):
+    """Loads "awq" checkpoints (AutoAWQ GEMM layout) but packs and unpacks nibbles in natural order 0..7, not
+    AutoAWQ's 0, 2, 4, 6, 1, 3, 5, 7: its own quantize round-trips, every AutoAWQ checkpoint is misread."""
+
+    quant_method = "awq"
+    conformance_requirements: ClassVar[dict] = {"input_size_multiple": GROUP, "output_size_multiple": PACK}
+    shifts: ClassVar[torch.Tensor] = torch.arange(0, 32, 4, dtype=torch.int32)
+
+    def quant_scheme(self):
+        return QuantScheme(weights=QuantArgs(4, "int", "group", group_size=GROUP, symmetric=False))
+
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size, output_size,
+                       params_dtype, weight_loader):
+        k, n = input_size_per_partition, sum(output_partition_sizes)
+        packed = {"input_dim": 0, "output_dim": 1, "packed_dim": 1, "packed_factor": PACK}
+        add_param(layer, "qweight", (k, n // PACK), torch.int32, weight_loader, **packed)
+        add_param(layer, "qzeros", (k // GROUP, n // PACK), torch.int32, weight_loader, **packed)
+        add_param(layer, "scales", (k // GROUP, n), torch.float16, weight_loader, input_dim=0, output_dim=1)
+
+    def apply(self, layer, x, bias=None):
+        check_input(layer, x)
+        q = unpack_nibbles(layer.qweight, self.shifts).float()
+        zeros = unpack_nibbles(layer.qzeros, self.shifts).float().repeat_interleave(GROUP, 0)
+        w_t = (q - zeros) * layer.scales.float().repeat_interleave(GROUP, 0)
+        return F.linear(x, w_t.t().to(x.dtype), bias)
+
+    @classmethod
+    def quantize(cls, weights, calibration=None):
+        out = dict(weights)
+        for name in linear_weights(weights):
+            q, scales, zeros = int4_groups(weights[name])
+            prefix = name[: -len("weight")]
+            del out[name]
+            out.update({prefix + "qweight": pack_nibbles(q.t().contiguous()),
+                        prefix + "qzeros": pack_nibbles(zeros.t().contiguous()), prefix + "scales": scales.t().half()})
+        return out, {"quant_method": "awq", "bits": 4, "group_size": GROUP, "zero_point": True, "version": "gemm"}
 
 
 class ScaledLinear(UnquantizedLinearMethod):
@@ -238,5 +281,5 @@ class NibblesReversed(GroupInt4):
 
 CORRECT = [PlainLinear, ChannelInt8, TensorInt8, GroupInt4]
 MUTANTS = [ScaledLinear, ChannelScaleOnePercentHigh, BiasAddedTwice, ScaleOverFirstShard, InputShardOfRankZero,
-           PerTensorScaleDeclaredChannel, ZeroPointAsMidpoint, GroupSize64, NibblesReversed]
+           PerTensorScaleDeclaredChannel, ZeroPointAsMidpoint, GroupSize64, NibblesReversed, NaturalOrderAWQ]
 bind_all(globals(), LinearMethodConformance, CORRECT + MUTANTS)
