@@ -85,8 +85,9 @@ def kv_views(num_tokens: int, heads: int, head_dim: int, dtype, device, g: torch
 
 
 def slot_bytes(cache: KVCache) -> list[torch.Tensor]:
-    """Every cache tensor's bytes per slot ``[num_slots, bytes]`` (a copy: bit-exact before/after comparisons)."""
-    return [flat(t).reshape(t.shape[0] * t.shape[1], -1).view(torch.uint8).clone() for t in cache.tensors()]
+    """Every cache tensor's bytes per slot ``[num_slots, bytes]``, copied to the CPU (bit-exact before/after
+    comparisons)."""
+    return [flat(t).reshape(t.shape[0] * t.shape[1], -1).view(torch.uint8).cpu().clone() for t in cache.tensors()]
 
 
 class ShadowCache:
@@ -111,13 +112,13 @@ class ShadowCache:
         self.codec.store(self.cache, k, v, torch.tensor(mapping, dtype=torch.int64, device=device))
         slots = torch.tensor([s for s in mapping if s >= 0], dtype=torch.long)
         rows = torch.tensor([i for i, s in enumerate(mapping) if s >= 0], dtype=torch.long)
-        self.k[slots], self.v[slots] = k[rows].float().cpu(), v[rows].float().cpu()
+        self.k[slots], self.v[slots] = k.cpu()[rows].float(), v.cpu()[rows].float()
         if not self.verify:
             return
         touched = torch.zeros(self.k.shape[0], dtype=torch.bool)
         touched[slots] = True
         for old, new in zip(before, slot_bytes(self.cache)):
-            changed = (old != new.to(old.device)).any(-1) & ~touched
+            changed = (old != new).any(-1) & ~touched
             assert not changed.any(), (
                 f"store ({name}, slot_mapping {mapping}): slot {int(changed.nonzero()[0])} was not in slot_mapping "
                 f"but its bytes changed; store must write exactly the slots in slot_mapping (slot -1 is skipped)")

@@ -61,8 +61,7 @@ def raw_side(values: torch.Tensor, scales: torch.Tensor | None, slots: torch.Ten
     if scales is None:
         return q, torch.ones_like(q)
     s = flat(scales)[slots].float()
-    n, h, d = q.shape
-    return q, s.repeat_interleave(d // s.shape[-1], dim=-1)
+    return q, s.repeat_interleave(q.shape[-1] // s.shape[-1], dim=-1)
 
 
 def read_like_core(cache: KVCache, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

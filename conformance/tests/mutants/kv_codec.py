@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.toolkit.reference import UnquantizedKVCodec
 from nanocore.interfaces import KVCache, KVCodec, KVLayout
+from nanocore.toolkit.reference import UnquantizedKVCodec
 from nanocore_conformance import KVCodecConformance, bind_all
 
 
