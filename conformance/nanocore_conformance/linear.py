@@ -17,6 +17,7 @@ from nanocore.interfaces.quant_scheme import QuantScheme
 from nanocore.layers.linear import RowParallelLinear
 from nanocore_conformance.base import MAX_EXAMPLES, generator, randn, suite_settings
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.linear_checkpoints import LinearCheckpointConformance
 from nanocore_conformance.linear_formats import WRITERS
 from nanocore_conformance.linear_layers import (ROW_PARALLEL, LayerShape, build_layers, check_quantize_output,
                                                 checkpoint_weights, load_checkpoint)
@@ -79,7 +80,7 @@ def random_activations(*shape: int, g: torch.Generator) -> torch.Tensor:
     return torch.randn(*shape, generator=g) * channel * token
 
 
-class LinearMethodConformance(BackendContractConformance):
+class LinearMethodConformance(LinearCheckpointConformance, BackendContractConformance):
     kind = "linear_method"
     #: Requirements: multiples the backend needs for input_size (K) and each output partition (N).
     input_size_multiple: ClassVar[int] = 1

@@ -78,11 +78,11 @@ def quantize_int_groups(w: torch.Tensor, num_bits: int, group_size: int, symmetr
     return q, scales.squeeze(-1), zeros.squeeze(-1).to(torch.int32)
 
 
-def pack_quantized_tensors(w: torch.Tensor, num_bits: int, group_size: int, symmetric: bool,
-                           scale_dtype: torch.dtype = torch.float16) -> dict[str, torch.Tensor]:
-    """compressed-tensors pack-quantized tensors of one linear (as llm-compressor writes W4A16 / W8A16)."""
+def pack_quantized_tensors(w: torch.Tensor, num_bits: int, group_size: int, symmetric: bool) -> dict[str, torch.Tensor]:
+    """compressed-tensors pack-quantized tensors of one linear (as llm-compressor writes W4A16 / W8A16); scales in
+    the weight's dtype, as llm-compressor keeps them (readers dequantize in the scale dtype)."""
     q, scales, zeros = quantize_int_groups(w, num_bits, group_size, symmetric)
-    out = {"weight_packed": pack_int32(q, num_bits, dim=1), "weight_scale": scales.to(scale_dtype),
+    out = {"weight_packed": pack_int32(q, num_bits, dim=1), "weight_scale": scales.to(w.dtype),
            "weight_shape": torch.tensor(list(w.shape), dtype=torch.int64)}
     if not symmetric:
         out["weight_zero_point"] = pack_int32(zeros, num_bits, dim=0)

@@ -84,7 +84,7 @@ class WNA16LinearMethod(LinearMethod):
                 self.perm = torch.argsort(g_idx.long(), stable=True).to(q.device)
                 q = q[:, self.perm]
             k, groups = q.shape[1], scales.shape[1]
-            scale_dtype = torch.float16 if self.params_dtype == torch.float32 else self.params_dtype
+            scale_dtype = self.params_dtype  # float32 models dequantize in float32 (AutoAWQ's fp16 rounds again)
             tensors = {"qweight": pack_int4_awq(q.t().contiguous()), "qzeros": pack_int4_awq(zeros.t().contiguous()),
                        "scales": scales.t().contiguous().to(scale_dtype)}
             if k % groups:
