@@ -102,12 +102,42 @@ def make(out: Path, name: str, arch: str, scheme: str, modifier: str, extra: dic
           f"{sum(f.stat().st_size for f in folder.iterdir()) // 1024} kB")
 
 
+#: The perplexity table of docs/benchmarks-quant.md: SmolLM2-135M through llm-compressor (group 64: 576 = 9 x 64).
+SMOLLM2_SCHEMES = {"FP8_DYNAMIC": {}, "W8A8": {}, "W8A16": {"group_size": 64}, "W4A16": {"group_size": 64},
+                   "W4A16_ASYM": {"group_size": 64}}
+
+
+def make_smollm2(out: Path) -> None:
+    """SmolLM2-135M (the default model's float checkpoint) quantized by llm-compressor with round-to-nearest."""
+    from compressed_tensors.quantization import preset_name_to_scheme
+    from llmcompressor import oneshot
+    from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import AutoModelForCausalLM
+
+    for name, overrides in SMOLLM2_SCHEMES.items():
+        scheme = preset_name_to_scheme(name, ["Linear"])
+        if overrides:
+            scheme.weights = scheme.weights.model_copy(update={"strategy": "group", **overrides})
+        model = AutoModelForCausalLM.from_pretrained(TOKENIZER, torch_dtype=torch.float32)
+        oneshot(model=model, recipe=QuantizationModifier(config_groups={"group_0": scheme}, ignore=["lm_head"]))
+        folder = out / f"smollm2_lc_{name.lower()}"
+        shutil.rmtree(folder, ignore_errors=True)
+        model.save_pretrained(folder, save_compressed=True)
+        for tok in TOKENIZER.glob("tokenizer*"):
+            shutil.copy(tok, folder / tok.name)
+        print(f"{folder}: {json.loads((folder / 'config.json').read_text())['quantization_config']['format']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--only", nargs="*", help="folder names to (re)make")
+    parser.add_argument("--smollm2", action="store_true", help="quantize SmolLM2-135M instead (docs/benchmarks-quant.md)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.smollm2:
+        make_smollm2(args.out)
+        return 0
     for name, arch, scheme, modifier, extra in CHECKPOINTS:
         if not args.only or name in args.only:
             make(args.out, name, arch, scheme, modifier, extra)
