@@ -19,11 +19,10 @@ from nanocore_conformance.kv_codec_cases import (ShadowCache, attention_inputs, 
                                                  prefill_then_decode, scattered_writes)
 from nanocore_conformance.kv_codec_layout import check_allocation, layout_bytes_per_token, read_like_core
 
-# No shrinking: a failing store program or attention case shrinks for minutes (Triton's interpreter, many
-# stores per example), and the failure message already names the slot, the value and the broken rule.
-kv_settings = settings(suite_settings, phases=(Phase.explicit, Phase.reuse, Phase.generate), report_multiple_bugs=False)
-# Triton's interpreter takes about half a second per example: fewer of them (the layouts are few)
-kernel_settings = settings(kv_settings, max_examples=max(1, MAX_EXAMPLES // 5))
+# Triton's interpreter takes about half a second per example: fewer of them (the layouts are few), and no
+# shrinking (minutes of interpreted runs; the failure message already names the broken rule)
+kernel_settings = settings(suite_settings, max_examples=max(1, MAX_EXAMPLES // 5),
+                           phases=(Phase.explicit, Phase.reuse, Phase.generate), report_multiple_bugs=False)
 
 
 def compute_slack(dtype: torch.dtype) -> float:
@@ -55,7 +54,7 @@ class KVCodecConformance(BackendContractConformance):
     def test_tolerance_declared(self, backend_cls):
         check_tolerance_declaration(backend_cls)
 
-    @kv_settings
+    @suite_settings
     @given(heads=st.integers(1, 4), data=st.data(), num_blocks=st.integers(1, 5))
     def test_allocation_follows_layout(self, backend_cls, backend_options, dtype, device, heads, data, num_blocks):
         head_dim = data.draw(st.sampled_from(self.head_dims))
@@ -91,14 +90,14 @@ class KVCodecConformance(BackendContractConformance):
         for name, mapping in prefill_then_decode(data, seqs, block_size):
             shadow.store(name, mapping, dtype)
 
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_prefill_then_decode_writes(self, backend_cls, backend_options, dtype, device, data, seed):
         """Engine-shaped stores (sequences on shuffled blocks, prefill chunks, then one token per sequence in
         shuffled order with -1 padding): after each, the written slots hold their values, the rest is unchanged."""
         self._engine_writes(backend_cls, backend_options, dtype, device, data, seed)
 
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_scattered_writes_and_rewrites(self, backend_cls, backend_options, dtype, device, data, seed):
         """Every slot out of order, then rewrites of random slots with gaps and -1 entries."""
@@ -110,7 +109,7 @@ class KVCodecConformance(BackendContractConformance):
         for name, mapping in scattered_writes(data, num_blocks * block_size):
             shadow.store(name, mapping, dtype)
 
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_gather_dequantizes_the_layout(self, backend_cls, backend_options, dtype, device, data, seed):
         """``gather`` returns what the core attention reads from the raw tensors (values times their scales)."""
@@ -155,7 +154,7 @@ class KVCodecConformance(BackendContractConformance):
         atol, rtol = backend_cls.tolerance
         assert_close(out, expected, (atol + slack, rtol + slack), what)
 
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_attention_matches_unquantized(self, backend_cls, backend_options, dtype, device, data, seed):
         self._attention_check(backend_cls, backend_options, dtype, device, data, seed, core_kernel=False)
@@ -172,21 +171,21 @@ class KVCodecConformance(BackendContractConformance):
         self._attention_check(backend_cls, backend_options, dtype, device, data, seed, core_kernel=True)
 
     @pytest.mark.cuda
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_prefill_then_decode_writes_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device, data,
                                                 seed):
         self._engine_writes(backend_cls, backend_options, cuda_dtype, cuda_device, data, seed)
 
     @pytest.mark.cuda
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_attention_matches_unquantized_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device,
                                                    data, seed):
         self._attention_check(backend_cls, backend_options, cuda_dtype, cuda_device, data, seed, core_kernel=False)
 
     @pytest.mark.cuda
-    @kv_settings
+    @suite_settings
     @given(data=st.data(), seed=st.integers(0, 2**31 - 1))
     def test_core_kernel_attention_matches_unquantized_on_cuda(self, backend_cls, backend_options, cuda_dtype,
                                                                cuda_device, data, seed):
