@@ -13,6 +13,10 @@ module                     what it offers
 ``toolkit.checkpoint``     parameters whose loaders reject a mismatching checkpoint clearly (``add_param``,
                            ``check_all_loaded``, ``CheckpointFormatError``), which tensors are quantized
                            (``quantizable_linears``, ``ignore_patterns``), the 8-bit offline ``quantize`` loop
+``toolkit.checkpoint_formats`` a checkpoint's ``quantization_config`` (compressed-tensors, fp8, AutoAWQ, GPTQ) as
+                           per-target ``QuantScheme``s + format (``parse_quantization_config``), dequantization
+``toolkit.checkpoint_support`` ``checkpoint_support`` bodies of the in-tree methods, compressed-tensors config writers
+``toolkit.int_packing``    compressed-tensors / GPTQ int32 packing of 4- and 8-bit values, group-wise int rounding
 ``toolkit.weights``        ``ChannelScaledWeights``: per-output-channel quantized weights with merged / sharded
                            loading (qkv, gate_up, TP shards) done once
 ``toolkit.gemm``           Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
