@@ -142,7 +142,7 @@ class KVCodecConformance(BackendContractConformance):
         meta.codec = shadow.codec
         scale = head_dim ** -0.5
         if core_kernel:
-            from nanocore.kernels.paged_attention import paged_attention
+            from nanocore.kernels.paged_attention import paged_attention  # imports Triton: only where it runs
             out = paged_attention(q, None, None, shadow.cache, meta, scale, layout=shadow.layout)
             what = (f"{self.backend}: the core Triton attention reading the declared layout {shadow.layout} vs the "
                     f"unquantized oracle (store must write what layout() declares; gather cannot hide a difference)")
