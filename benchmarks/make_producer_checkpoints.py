@@ -44,7 +44,12 @@ IGNORE = {"llama": ["lm_head"], "qwen2": ["lm_head"],
 
 
 def tiny_model(arch: str, seed: int = 0):
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen2MoeConfig
+    from transformers import (
+        AutoModelForCausalLM,
+        LlamaConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+    )
 
     torch.manual_seed(seed)
     if arch == "llama":
@@ -73,9 +78,9 @@ def calibration_dataset(vocab: int, samples: int = 16, seqlen: int = 64):
 
 def make(out: Path, name: str, arch: str, scheme: str, modifier: str, extra: dict) -> None:
     from llmcompressor import oneshot
-    from transformers import AutoModelForCausalLM
     from llmcompressor.modifiers.gptq import GPTQModifier
     from llmcompressor.modifiers.quantization import QuantizationModifier
+    from transformers import AutoModelForCausalLM
 
     float_dir = out / f".float_{arch}"
     if not float_dir.is_dir():  # oneshot wants a model with a path (it re-reads config.json)

@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from model_fixtures import make_checkpoint, nanocore_logits
+
 from nanocore.config import EngineConfig
 from nanocore.loader import load_model
 from nanocore.toolkit.int_packing import pack_int32

@@ -11,6 +11,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from model_fixtures import hf_model, nanocore_logits
+
 from nanocore.cli.main import main
 from nanocore.config import EngineConfig
 from nanocore.loader import default_model as dm

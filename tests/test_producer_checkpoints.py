@@ -54,7 +54,7 @@ def test_auto_chooses_by_what_the_checkpoint_is(name, caplog):
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_logits_match_the_producer(name):
     _, method, tolerance = EXPECTED[name]
-    loaded, ours, reference = producer_logits(PRODUCERS / name, method)
+    _, ours, reference = producer_logits(PRODUCERS / name, method)
     err = ((ours - reference).abs().max() / reference.abs().max()).item()
     assert err <= tolerance, f"{name} through {method}: largest logit error {err:.3g} of the largest logit"
 

@@ -10,12 +10,31 @@ from __future__ import annotations
 import torch
 
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
-from nanocore.toolkit.checkpoint_support import compressed_tensors_config, fp8_checkpoint_config
-from nanocore.toolkit.int_packing import dequantize_int, pack_quantized_tensors, quantize_int_groups
-from nanocore.toolkit.numerics import awq_dequantize, awq_pack, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.checkpoint_support import (
+    compressed_tensors_config,
+    fp8_checkpoint_config,
+)
+from nanocore.toolkit.int_packing import (
+    dequantize_int,
+    pack_quantized_tensors,
+    quantize_int_groups,
+)
+from nanocore.toolkit.numerics import (
+    awq_dequantize,
+    awq_pack,
+    quantize_fp8_per_row,
+    quantize_int8_per_row,
+)
 from nanocore_conformance.base import generator
-from nanocore_conformance.linear_layers import (MODULES, PREFIX, ROW_PARALLEL, LayerShape, build_layers,
-                                                checkpoint_weights, load_checkpoint)
+from nanocore_conformance.linear_layers import (
+    MODULES,
+    PREFIX,
+    ROW_PARALLEL,
+    LayerShape,
+    build_layers,
+    checkpoint_weights,
+    load_checkpoint,
+)
 
 #: K multiple of 128 (group formats), N multiple of 8 (packed zero points); one TP rank.
 SHAPE = LayerShape(hidden=256, head_dim=32, num_heads=4, num_kv_heads=2, intermediate=256, qkv_bias=False)
@@ -120,9 +139,8 @@ class LinearCheckpointConformance:
                                  f"({verdict}); 'auto' would never choose it for its own checkpoints")
 
     def test_loads_every_format_it_claims(self, backend_cls, backend_options, dtype, device):
-        from nanocore_conformance.linear import method_options
-
         from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
+        from nanocore_conformance.linear import method_options
         for name, (config, writer) in CATALOG.items():
             if backend_cls.checkpoint_support(config) is not None:
                 continue
@@ -131,7 +149,7 @@ class LinearCheckpointConformance:
             options = method_options(backend_options, config)
             where = f"checkpoint_support accepts {name} but"
             try:
-                layers = build_layers(lambda: backend_cls(dict(options)), SHAPE, 0, 1, dtype, device)
+                layers = build_layers(lambda options=options: backend_cls(dict(options)), SHAPE, 0, 1, dtype, device)
                 load_checkpoint(layers, tensors, device, backend_cls.__name__)
             except Exception as exc:  # claimed, so it must load
                 raise AssertionError(f"{where} loading its tensors failed: {type(exc).__name__}: {exc}") from exc

@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
 from nanocore.toolkit.checkpoint import CheckpointFormatError, is_ignored
-from nanocore.toolkit.checkpoint_formats import dequantize_tensors, group_for, parse_quantization_config, tensor_suffixes
+from nanocore.toolkit.checkpoint_formats import (
+    dequantize_tensors,
+    group_for,
+    parse_quantization_config,
+    tensor_suffixes,
+)
 
 logger = logging.getLogger("nanocore")
 #: Modules whose weights the engine holds in float: routed experts, routers, the shared-expert gate, lm_head.

@@ -33,7 +33,7 @@ def unpack_int32(packed: torch.Tensor, num_bits: int, size: int, dim: int) -> to
     """Inverse of :func:`pack_int32`: int32 words -> unsigned int32 values, ``size`` of them along ``dim``."""
     if packed.dtype != torch.int32:
         raise ValueError(f"packed int weights must be int32, got {packed.dtype}")
-    factor = pack_factor(num_bits)
+    pack_factor(num_bits)  # 4 or 8 bits, else a clear error
     words = packed.transpose(0, 1) if dim == 0 else packed
     shifts = torch.arange(0, 32, num_bits, dtype=torch.int32, device=packed.device)
     values = ((words.unsqueeze(-1) >> shifts) & ((1 << num_bits) - 1)).reshape(words.shape[0], -1)

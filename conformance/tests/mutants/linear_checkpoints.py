@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from nanocore_conformance import LinearMethodConformance, bind_all
 
 from nanocore.interfaces import LinearMethod, set_weight_attrs
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
 from nanocore.toolkit.checkpoint_support import compressed_tensors_config, int8_support
-from nanocore_conformance import LinearMethodConformance, bind_all
 
 
 def add_param(layer, name, shape, dtype, weight_loader, **dims):

@@ -16,9 +16,17 @@ import torch.nn.functional as F
 from nanocore.interfaces import LinearMethod, check_options, choice_option
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
-from nanocore.toolkit.checkpoint import CheckpointFormatError, check_all_loaded, quantizable_linears, tensor_name
+from nanocore.toolkit.checkpoint import (
+    CheckpointFormatError,
+    check_all_loaded,
+    quantizable_linears,
+    tensor_name,
+)
 from nanocore.toolkit.checkpoint_formats import parse_quantization_config
-from nanocore.toolkit.checkpoint_support import compressed_tensors_config, weight_only_int_support
+from nanocore.toolkit.checkpoint_support import (
+    compressed_tensors_config,
+    weight_only_int_support,
+)
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.int_packing import dequantize_int, pack_quantized_tensors
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, pack_int4_awq
