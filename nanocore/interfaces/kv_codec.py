@@ -92,8 +92,8 @@ class KVCodec(Backend):
         self, num_blocks: int, block_size: int, num_kv_heads: int, head_dim: int,
         dtype: torch.dtype, device: torch.device,
     ) -> KVCache:
-        """Allocate one layer's cache according to ``layout`` (a layout that does not fit ``head_dim`` is an error
-        naming this codec)."""
+        """Allocate one layer's cache: exactly the contiguous tensors ``layout`` declares (a layout that does not fit
+        ``head_dim`` is an error naming this codec)."""
         layout = self.layout(dtype)
         for granularity in (layout.k_scale, layout.v_scale):
             try:
@@ -123,7 +123,9 @@ class KVCodec(Backend):
         prefill chunk a run of slots, and a slot may be written again later. Every other slot must keep its
         values and scales. On CUDA ``store`` runs inside captured CUDA graphs: no host synchronisation, no
         data-dependent shapes (no boolean-mask indexing), no allocation that depends on the data
-        (``nanocore.toolkit.kv.store_layout`` does all this for layouts of this family)."""
+        (``nanocore.toolkit.kv.store_layout`` does all this for layouts of this family). Quantized values are
+        rounded to nearest in the stored dtype, without clipping, with a scale of at most 2 * amax / qmax of
+        what it scales (the conformance suite checks the raw tensors against this rounding)."""
 
     @abstractmethod
     def gather(self, cache: KVCache, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

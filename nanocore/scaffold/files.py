@@ -80,3 +80,14 @@ from nanocore_conformance import $conformance
 class Test$cls($conformance):
     backend = "$name"
 '''
+
+CONFTEST = '''\
+"""Without a GPU, run Triton kernels (the core attention the conformance suite checks a KV layout through) in
+Triton's interpreter. It must be set before triton.language is first imported, hence here."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+'''
