@@ -62,9 +62,10 @@ class LinearMethod(Backend):
     #: Deprecated for linear methods (kept for 1.0 plugins): the conformance suite derives the tolerance of
     #: ``apply`` from ``quant_scheme()``, the rounding the format allows, not from what a backend declares.
     tolerance: ClassVar[tuple[float, float]] = (1e-5, 1e-5)
-    #: Checkpoint ``quantization_config`` this method loads; ``None`` for plain checkpoints.
+    #: Checkpoint ``quantization_config`` this method loads; ``None`` for plain checkpoints. Kept for 1.0 plugins:
+    #: the default ``checkpoint_support`` compares it; a method that loads by scheme overrides that instead.
     quant_method: ClassVar[str | None] = None
-    #: Among installed methods loading the same ``quant_method``, ``auto`` picks the highest.
+    #: Among installed methods that load a checkpoint (``checkpoint_support``), ``auto`` picks the highest.
     checkpoint_priority: ClassVar[int] = 0
 
     @classmethod
