@@ -1,6 +1,7 @@
-"""Checkpoints written by llm-compressor itself (tests/data/producers, made by benchmarks/make_producer_checkpoints.py)
-load with ``auto``, pick the method that matches what they are, and give the logits of the producer's own toolchain
-(transformers + compressed-tensors re-reading the folder in float32: ``reference_logits.pt``)."""
+"""Checkpoints written by llm-compressor and AutoAWQ themselves (tests/data/producers, made by
+benchmarks/make_producer_checkpoints.py and make_autoawq_checkpoint.py) load with ``auto``, pick the method that
+matches what they are, and give the logits of the producer's own toolchain (``reference_logits.pt``: transformers +
+compressed-tensors re-reading the folder in float32; for AutoAWQ, its own ``dequantize_gemm``)."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +17,8 @@ from nanocore.loader import load_model
 PRODUCERS = Path(__file__).parent / "data" / "producers"
 #: folder -> (method auto picks, method that computes exactly what the checkpoint declares, allowed error)
 EXPECTED = {
+    # AutoAWQ 0.2.9 (benchmarks/make_autoawq_checkpoint.py): reference = its own dequantize_gemm of the packed tensors
+    "llama_autoawq_gemm": ("awq", "awq", 1e-4),
     "llama_fp8_dynamic": ("fp8_w8a16", "fp8_w8a8", 1e-4),
     "llama_fp8_static": ("fp8_w8a16", "fp8_w8a8", 1e-4),
     "llama_w8a8_int8": ("int8_w8a8", "int8_w8a8", 0.08),  # int8 activations: nanocore rounds to +-127, ct to 127.5
