@@ -92,3 +92,22 @@ def test_unsupported_scheme_is_a_clear_error(tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match="block"):
         load_model(EngineConfig(model=str(folder)), "cpu")
+
+
+NVFP4 = {"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized", "config_groups": {"group_0": {
+    "targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}}
+MIXED = {"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": {
+    "attn": {"targets": ["re:.*self_attn.*"], "format": "pack-quantized",
+             "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128}},
+    "mlp": {"targets": ["re:.*mlp.*"], "format": "float-quantized",
+            "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}}}}
+
+
+@pytest.mark.parametrize("config, cause", [(NVFP4, "tensor_group"), (MIXED, "mixes 2 quantization schemes")])
+def test_formats_nothing_loads_say_why(config, cause):
+    from types import SimpleNamespace
+
+    from nanocore.loader.linear_routing import resolve_linear_method
+
+    with pytest.raises(ValueError, match=cause):
+        resolve_linear_method("auto", {}, SimpleNamespace(quantization_config=config), torch.device("cpu"))
