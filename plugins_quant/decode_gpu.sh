@@ -23,6 +23,6 @@ probe)
 final)
   TAIL=20 step 150 python3 -c "$PY_BENCH" --device cuda --methods unquantized,fp8_w8a16,int8_w8a16,awq --ms 1,16,256 \
     --json "$out/bench_linear_decode.json"
-  TAIL=15 step 200 python3 -m pytest -q -m cuda -x -p no:cacheprovider tests/test_quant_gemm.py plugins_quant/fp8_w8a16 \
+  TAIL=15 step 190 python3 -m pytest -q -m cuda -rf -p no:cacheprovider tests/test_quant_gemm.py plugins_quant/fp8_w8a16 \
     plugins_quant/int8_w8a8 plugins_quant/awq ;;
 esac

@@ -5,33 +5,37 @@ A plugin imports ``nanocore.hookspecs``, ``nanocore.interfaces`` and the modules
 contract in pyproject.toml enforces this for the in-tree plugins). Names documented here keep working across
 1.x; a change that breaks them bumps ``API_VERSION``'s major.
 
-=========================  ===================================================================================
-module                     what it offers
-=========================  ===================================================================================
-``toolkit.numerics``       rounding references: fp8 e4m3 / int8 per row, int4 groups (AutoAWQ packing, zeros),
-                           fp8 scale search and GPTQ-style rounding, activation quantization
-``toolkit.checkpoint``     parameters whose loaders reject a mismatching checkpoint clearly (``add_param``,
-                           ``check_all_loaded``, ``CheckpointFormatError``), which tensors are quantized
-                           (``quantizable_linears``, ``ignore_patterns``), the 8-bit offline ``quantize`` loop
-``toolkit.checkpoint_formats`` a checkpoint's ``quantization_config`` (compressed-tensors, fp8, AutoAWQ, GPTQ) as
-                           per-target ``QuantScheme``s + format (``parse_quantization_config``), dequantization
-``toolkit.checkpoint_support`` ``checkpoint_support`` bodies of the in-tree methods, compressed-tensors config writers
-``toolkit.int_packing``    compressed-tensors / GPTQ int32 packing of 4- and 8-bit values, group-wise int rounding
-``toolkit.weights``        ``ChannelScaledWeights``: per-output-channel quantized weights with merged / sharded
-                           loading (qkv, gate_up, TP shards) done once
-``toolkit.gemm``           Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
-                           their torch reference, launch configs, split-K helpers (``splitk_finish``)
-``toolkit.gemv``           the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the
-                           int8 exponent-trick widening ``widen_byte_weights``
-``toolkit.kv``             KV-cache store / gather for layouts of the core family (fused store on CUDA, torch
-                           twin elsewhere), ``dequantize``, ``flat_slots``
-``toolkit.prefix_cache``   block-chain helpers (``full_blocks``, ``published_prefix``, ``check_insert``), an
-                           LRU of evictable blocks, the counters ``stats()`` reports
-``toolkit.capability``     ``supports()`` building blocks: ``cuda_capability_reason``, ``triton_reason``
-``toolkit.paths``          ``cache_dir()``: where a plugin keeps compiled kernels and tuned configs
-``toolkit.timing``         CUDA-event and CUDA-graph timers for a plugin's own tuning
-``toolkit.reference``      the reference backends (the oracles), to subclass or delegate to
-=========================  ===================================================================================
+==============================  ==================================================================================
+module                          what it offers
+==============================  ==================================================================================
+``toolkit.numerics``            rounding references: fp8 e4m3 / int8 per row, int4 groups (AutoAWQ packing,
+                                zeros), fp8 scale search and GPTQ-style rounding, activation quantization
+``toolkit.checkpoint``          parameters whose loaders reject a mismatching checkpoint clearly (``add_param``,
+                                ``check_all_loaded``, ``CheckpointFormatError``), which tensors are quantized
+                                (``quantizable_linears``, ``ignore_patterns``), the 8-bit offline ``quantize``
+                                loop
+``toolkit.checkpoint_formats``  a checkpoint's ``quantization_config`` (compressed-tensors, fp8, AutoAWQ, GPTQ) as
+                                per-target ``QuantScheme``s + format (``parse_quantization_config``),
+                                dequantization
+``toolkit.checkpoint_support``  ``checkpoint_support`` bodies of the in-tree methods, compressed-tensors config
+                                writers
+``toolkit.int_packing``         compressed-tensors / GPTQ int32 packing of 4- and 8-bit values, group-wise int
+                                rounding
+``toolkit.weights``             ``ChannelScaledWeights``: per-output-channel quantized weights with merged /
+                                sharded loading (qkv, gate_up, TP shards) done once
+``toolkit.gemm``                Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
+                                their torch reference, launch configs, split-K helpers (``splitk_finish``)
+``toolkit.gemv``                the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the
+                                int8 exponent-trick widening ``widen_byte_weights``
+``toolkit.kv``                  KV-cache store / gather for layouts of the core family (fused store on CUDA, torch
+                                twin elsewhere), ``dequantize``, ``flat_slots``
+``toolkit.prefix_cache``        block-chain helpers (``full_blocks``, ``published_prefix``, ``check_insert``), an
+                                LRU of evictable blocks, the counters ``stats()`` reports
+``toolkit.capability``          ``supports()`` building blocks: ``cuda_capability_reason``, ``triton_reason``
+``toolkit.paths``               ``cache_dir()``: where a plugin keeps compiled kernels and tuned configs
+``toolkit.timing``              CUDA-event and CUDA-graph timers for a plugin's own tuning
+``toolkit.reference``           the reference backends (the oracles), to subclass or delegate to
+==============================  ==================================================================================
 
 Import the submodule you need (``from nanocore.toolkit.numerics import quantize_fp8_per_row``); this package
 imports nothing itself, so importing one helper never pulls in Triton or the engine.
