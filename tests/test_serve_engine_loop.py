@@ -157,7 +157,8 @@ def test_stream_interval_sends_fewer_larger_chunks():
             chunks = [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: {")]
     for index in (0, 1):
         finishes = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"][0]["index"] == index]
-        assert finishes == [None, None, None, "length"]  # tokens 1, 2-5, 6-9, 10
+        # at most tokens 1, 2-5, 6-9, 10 (a reader that falls behind gets updates merged: fewer chunks, never more)
+        assert 1 <= len(finishes) <= 4 and finishes[-1] == "length" and set(finishes[:-1]) <= {None}, finishes
 
 
 def test_metrics_after_traffic():
