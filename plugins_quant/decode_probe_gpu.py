@@ -28,7 +28,7 @@ from nanocore.toolkit.timing import time_ms
 N, K = 37888, 3584
 #: name -> (weight format, config or None for the default)
 KERNELS = {
-    "fp8_splitk_default": ("fp8", GemmConfig("splitk", 16, 32, 256, fp16_dot=False)),  # the M = 1 default before
+    "fp8_splitk_default": ("fp8", GemmConfig("splitk", 16, 32, 256)),  # the M = 1 default before
     "fp8_gemv": ("fp8", None),
     "int8_gemv": ("int8", None),
     "fp8_splitk16": ("fp8", GemmConfig("splitk", 16, 32, 256)),

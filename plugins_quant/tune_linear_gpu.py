@@ -73,7 +73,7 @@ def variants(kernel: str, m: int) -> list[GemmConfig]:
         return []
     if m == 1:
         return GEMV_M1_LATE_OFF + (GEMV_M1_CVT[:1] if kernel == "int8_w8a16" else [])
-    return [dataclasses.replace(c, fp16_dot=False) for c in SPLITK_M16[:1]] + SPLITK_M16[1:4] if m <= 16 else TILED
+    return SPLITK_M16[:4] if m <= 16 else TILED
 
 
 def make_weights(n: int, k: int) -> dict:

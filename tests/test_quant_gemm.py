@@ -96,18 +96,18 @@ def test_unknown_config_kinds_are_refused():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.bfloat16])
 def test_gemv_configs_match_torch_reference_in_interpreter(n, k, quantize, dtype):
     """The M = 1 CUDA-core GEMV (nanocore.toolkit.gemv) at late / per-tile reduction, split-K, masked K tails,
-    both int8 widenings; bf16 inputs too (no tl.dot), and the fp16 tensor-core path for bf16 at M = 3."""
+    both int8 widenings; bf16 inputs too (no tl.dot). M = 3 runs the split-K tensor-core kernel (not for bf16: the
+    interpreter's bf16 tl.dot is wrong; the cuda tests cover it)."""
     from nanocore.toolkit.gemm import GemmConfig, weight_only_linear
     torch.manual_seed(n + k)
     q, scale = quantize(torch.randn(n, k) * 0.3)
     bias = torch.randn(n).to(dtype)
     configs = [GemmConfig("gemv", 1, 16, 128, 0, 4), GemmConfig("gemv", 1, 32, 256, 2, 4, reduce_late=False),
                GemmConfig("gemv", 1, 8, 64, 3, 2, int8_magic=False)]
-    for m in (1, 3):
+    for m in (1, 3) if dtype != torch.bfloat16 else (1,):
         x = (torch.randn(m, k) * 20).to(dtype)
         expected = weight_only_linear_torch(x.float(), q, scale, bias.float())
-        # M = 3: the split-K tensor-core kernel; bf16 through its fp16 dot (the interpreter's bf16 dot is wrong)
-        for cfg in configs if m == 1 else [GemmConfig("splitk", 16, 32, 64, fp16_dot=dtype == torch.bfloat16)]:
+        for cfg in configs if m == 1 else [GemmConfig("splitk", 16, 32, 64)]:
             for _ in range(2):  # the second call checks that the split-K counters were reset
                 got = weight_only_linear(x, q, scale, bias, cfg).float()
             err = float((got - expected).abs().max() / expected.abs().max())

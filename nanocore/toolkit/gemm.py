@@ -48,8 +48,6 @@ class GemmConfig:
     group_m: int = 8  # tiled: row tiles that share weight tiles in L2
     fp8_native: bool | None = None  # None: native where the GPU converts fp8 (sm_89+)
     reduce_late: bool = True  # gemv: one cross-thread reduction after the K loop (else one per tile)
-    fp16_dot: bool = False  # splitk, bf16 inputs: weights widened to fp16, x * 2^-8 as fp16 (H200: int8 1.24x
-    # slower at M = 16, fp8 even: off by default)
     int8_magic: bool = True  # gemv: int8 widened by the exponent trick (else the int-to-float conversion)
 
 
@@ -192,7 +190,6 @@ def _launch_splitk(x2, w, s, bias, y, w_kind, cfg: GemmConfig) -> None:
         x2, w, s, b, y, partials if partials is not None else s, locks if locks is not None else s,
         m, n, k, k_per_split, x2.stride(0), w.stride(0), y.stride(0), HAS_BIAS=bias is not None, W_KIND=w_kind,
         BLOCK_M=block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k,
-        FP16_DOT=cfg.fp16_dot and block_m >= 16 and x2.dtype == torch.bfloat16,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
@@ -228,17 +225,6 @@ if triton is not None:
         return w.to(dtype)
 
     @triton.jit
-    def _widen_fp16(w, W_KIND: tl.constexpr):
-        """Stored weights -> fp16 without fp32 conversions: int8 by the 1024 + 128 exponent trick, fp8 natively
-        or by bits (value / 256)."""
-        if W_KIND == 0:
-            return (((w.to(tl.int16) ^ 0x80) & 0xFF) | 0x6400).to(tl.float16, bitcast=True) - 1152.0
-        elif W_KIND == 2:
-            return _e4m3_bits_to_fp16(w)
-        else:
-            return w.to(tl.float16)
-
-    @triton.jit
     def splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym,
                       HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
         """Store ``acc`` (+ bias); with split-K the last of the K slices of this column block sums them."""
@@ -266,7 +252,7 @@ if triton is not None:
     def _wo_splitk_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
                           stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, W_KIND: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                          SPLIT_K: tl.constexpr, FP16_DOT: tl.constexpr):
+                          SPLIT_K: tl.constexpr):
         # program (n block, K slice): stream BLOCK_N weight rows of this slice once for all M tokens
         offs_m = tl.arange(0, BLOCK_M)
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -281,16 +267,12 @@ if triton is not None:
                         other=_zero(w_ptr))
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < k_end), other=0.0)
-            if FP16_DOT:  # x / 256 keeps bf16's range inside fp16's; the 256 goes back in with the scale
-                acc = tl.dot((x.to(tl.float32) * 0.00390625).to(tl.float16), tl.trans(_widen_fp16(w, W_KIND)), acc)
-            elif BLOCK_M >= 16:
+            if BLOCK_M >= 16:
                 acc = tl.dot(x, tl.trans(_widen(w, W_KIND, x.dtype)), acc)
             else:
                 wf = _widen(w, W_KIND, tl.float32)
                 acc += tl.sum(x.to(tl.float32)[:, None, :] * wf[None, :, :], axis=2)
         acc = acc * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
-        if FP16_DOT:
-            acc = acc * 256.0
         splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
     @triton.jit
