@@ -77,8 +77,7 @@ class LLMEngine:
             self.runner = ModelRunner(config, loaded_model, self.device, codec, self.max_model_len)
         else:  # every rank builds its codec and runner; the KV block count is the minimum over ranks
             self.runner = self.workers.build_runner(loaded_model, self.max_model_len)
-        prefix_cache = build_backend("prefix_cache", config, self.device, config.block_size,
-                                     self.runner.num_blocks)
+        prefix_cache = build_backend("prefix_cache", config, self.device, config.block_size, self.runner.num_blocks)
         self.block_manager = BlockManager(self.runner.num_blocks, config.block_size, prefix_cache)
         self.scheduler = Scheduler(build_backend("scheduler_policy", config, self.device), self.block_manager,
                                    config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)

@@ -88,7 +88,7 @@ class Scheduler:
             if admission_failed and self.running and not hide_waiting:
                 hide_waiting = True
                 continue
-            if self._preempt_latest(exclude=()) is None:
+            if self.preempt_latest() is None:
                 raise PolicyError(
                     f"scheduler policy {self.policy_name!r} scheduled nothing for {len(self.waiting)} waiting "
                     f"sequence(s) although the whole KV cache ({self.block_manager.num_free_blocks} blocks) is "
@@ -174,7 +174,7 @@ class Scheduler:
         that is someone else; False (``seq`` preempted itself) when ``seq`` is the latest."""
         scheduled = set(map(id, scheduled_seqs))  # seq itself is not in it yet: it may be the victim
         while not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
-            if self._preempt_latest(scheduled) is seq:
+            if self.preempt_latest(scheduled) is seq:
                 return False
         return True
 
@@ -185,13 +185,9 @@ class Scheduler:
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
 
-    def preempt_latest(self) -> Sequence | None:
-        """Preempt the latest-arrived running sequence, as KV pressure would (tests force it in any state);
-        it, or None if nothing runs."""
-        return self._preempt_latest(exclude=())
-
-    def _preempt_latest(self, exclude) -> Sequence | None:
-        """Preempt the latest-arrived running sequence whose id is not in ``exclude``; it, or None if none."""
+    def preempt_latest(self, exclude=()) -> Sequence | None:
+        """Preempt the latest-arrived running sequence whose id is not in ``exclude``, as KV pressure does (the
+        conformance driver forces it in any state); it, or None if none."""
         candidates = [s for s in self.running if id(s) not in exclude]
         if not candidates:
             return None
