@@ -28,7 +28,7 @@ tune)  # the new cuda tests, one throughput run, kernel variant sweeps (one call
   step 90 $N bench throughput $Q06 --max-model-len 2048 --json "$out/throughput_qwen3_0.6b_unquantized.json"
   TAIL=40 step 120 python3 plugins_quant/tune_linear_gpu.py "$out" --budget-s 100
   TAIL=40 step 120 python3 benchmarks/attention_quant_tune.py "$out" --budget-s 100
-  TAIL=30 step 200 python3 plugins_quant/cutlass/benchmarks/gpu_check.py "$out" ;;
+  TAIL=30 step 200 python3 benchmarks/cutlass_gpu_check.py "$out" ;;
 quant)  # quantized linears: microbench (launched and graph-replayed) and Qwen2.5-7B end to end (about 480 s)
   TAIL=10 step 90 python3 -m pytest -q -m cuda tests/test_quant_gemm.py plugins_quant/fp8_w8a16/tests/test_kernels.py \
     plugins_quant/awq/tests/test_kernels.py tests/test_moe_shared_overlap.py

@@ -11,8 +11,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=import
 from test_cli_engine import run_cli  # noqa: E402
 
 from nanocore.bench.linear import BASELINE, bench_shape, summarise  # noqa: E402
-from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod  # noqa: E402
 from nanocore.plugins import get_registry  # noqa: E402
+from nanocore.toolkit.reference import UnquantizedLinearMethod  # noqa: E402
 
 
 def test_cli_on_cpu_covers_every_installed_method(tmp_path):

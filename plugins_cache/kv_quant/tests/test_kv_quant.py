@@ -4,9 +4,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.layers.attention import AttentionMetadata, paged_attention_reference
 from nanocore.plugins import get_registry
+from nanocore.toolkit.reference import UnquantizedKVCodec
 from nanocore_kv_quant import Fp8E4M3KVCodec, Int8KVCodec, KInt8VFp8KVCodec
 
 CODECS = ["int8", "fp8_e4m3", "k_int8_v_fp8"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanocore.builtin.eager_moe import EagerMoEExecutor
+from nanocore.toolkit.reference import EagerMoEExecutor
 from nanocore_triton_fused_moe import TritonFusedMoEExecutor
 
 pytestmark = pytest.mark.cuda

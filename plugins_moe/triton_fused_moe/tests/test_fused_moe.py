@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nanocore.builtin.eager_moe import EagerMoEExecutor
+from nanocore.toolkit.reference import EagerMoEExecutor
 from nanocore_triton_fused_moe import TritonFusedMoEExecutor
 from nanocore_triton_fused_moe.align import align_slots
 from nanocore_triton_fused_moe.configs import ConfigTable, config_file_name, default_config, triton_version

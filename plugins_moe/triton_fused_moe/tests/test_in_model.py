@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.builtin.eager_moe import EagerMoEExecutor
-from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.distributed import ParallelContext
 from nanocore.layers.attention import AttentionMetadata
 from nanocore.loader.dummy import init_dummy_weights
 from nanocore.models import ModelBuildContext, build_model
+from nanocore.toolkit.reference import EagerMoEExecutor, UnquantizedLinearMethod
 from nanocore_triton_fused_moe import TritonFusedMoEExecutor
 
 

@@ -1,7 +1,7 @@
 """GPU check of ``cutlass`` on one H100/H200: compile time, numerics, and timings on Qwen2.5-7B layer shapes.
 
 Usage (repo root, after ``source benchmarks/gpu_setup.sh``):
-    python plugins_quant/cutlass/benchmarks/gpu_check.py OUTDIR [--fresh]
+    python benchmarks/cutlass_gpu_check.py OUTDIR [--fresh]
 
 1. Compiles the extension (timed; ``--fresh`` forces a cold build in a temporary cache, else the normal cache
    ``$NANOCORE_CACHE_DIR/cutlass`` is used and the JSON says whether the build was cold), then times a warm load.

@@ -1,7 +1,7 @@
 """One Qwen1.5-MoE-A2.7B MoE layer on one GPU: the shared expert on a side stream (overlap) vs sequential.
 
 Usage, from the repo root after ``source benchmarks/gpu_setup.sh``:
-    python3 plugins_moe/triton_fused_moe/benchmarks/shared_overlap_gpu.py OUTDIR [BUDGET_S=60]
+    python3 benchmarks/moe_shared_overlap_gpu.py OUTDIR [BUDGET_S=60]
 Expected wall time about 30 to 50 s including Triton compiles, under 90 s: no new case starts past BUDGET_S.
 Writes OUTDIR/shared_overlap.json after every case and prints a table.
 
@@ -150,5 +150,5 @@ def main(out_dir: Path, budget_s: float) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) < 2:
-        sys.exit("usage: shared_overlap_gpu.py OUTDIR [BUDGET_S]")
+        sys.exit("usage: moe_shared_overlap_gpu.py OUTDIR [BUDGET_S]")
     sys.exit(main(Path(sys.argv[1]), float(sys.argv[2]) if len(sys.argv) > 2 else 60.0))

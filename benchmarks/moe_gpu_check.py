@@ -1,4 +1,4 @@
-"""One GPU session's figures for the README and docs/benchmarks-moe.md (see run_on_gpu.sh).
+"""One GPU session's figures for the README and docs/benchmarks-moe.md (see moe_run_on_gpu.sh).
 
 Stages, each guarded by a time budget and saved as it finishes into $OUT/gpu_check.json:
 quick tuning of the three bench shapes (bf16), then `nanocore bench moe` rows for eager, fused with the
