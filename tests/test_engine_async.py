@@ -149,13 +149,31 @@ def test_kv_pressure_preempts_like_sync():
     assert stats.num_preemptions > 0 and stats.num_overlapped_steps > 0
 
 
-def test_requests_that_need_the_host_every_step_run_synchronously():
+@pytest.mark.parametrize("stream", [False, True])
+def test_requests_that_need_the_host_every_step_still_overlap(stream):
+    """Logprobs, stop strings and streamed text are post-processed while the next forward runs; a stop
+    string ends its row one wasted token later, like EOS, and outputs stay the synchronous engine's."""
+    stop_text = "".join(VOCAB[4:6])
     params = [SamplingParams(temperature=0, max_tokens=10, logprobs=2, ignore_eos=True),
-              SamplingParams(temperature=0, max_tokens=10, stop=["zz"], ignore_eos=True)]
-    for p in params:
-        plain = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
-        stats = assert_same({0: [("hello", p), ("abc", plain)]})
-        assert stats.num_overlapped_steps == 0
+              SamplingParams(temperature=1.0, seed=2, max_tokens=24, stop=[stop_text, VOCAB[7]], ignore_eos=True),
+              SamplingParams(temperature=0.8, max_tokens=16, logprobs=1, n=2)]
+    waves = {0: [("hello", p) for p in params] + [("abc", SamplingParams(temperature=0, max_tokens=10))]}
+    results = []
+    for async_scheduling in (False, True):
+        llm = make_llm(async_scheduling)
+        engine, done, streamed = llm.engine, {}, {}
+        for prompt, p in waves[0]:
+            request = engine.add_request(prompt, p, stream=stream)
+            streamed[request.request_id] = request
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                done[out.request_id] = [(c.token_ids, c.finish_reason, c.stop_reason, c.text, c.logprobs)
+                                        for c in out.outputs]
+        results.append((done, llm.stats()))
+    (expected, sync_stats), (got, async_stats) = results
+    assert got == expected
+    assert any(isinstance(c[2], str) for outs in got.values() for c in outs)  # a row stopped on a stop string
+    assert async_stats.num_overlapped_steps > 0 and sync_stats.num_overlapped_steps == 0
 
 
 def test_generate_equals_sync_and_switch_off():

@@ -204,7 +204,7 @@ class LLMEngine:
         return None
 
     def _launch_lookahead(self, batch, pending) -> Lookahead | None:
-        rows = lookahead_rows(batch, self.scheduler, self.requests, self.max_model_len)
+        rows = lookahead_rows(batch, self.scheduler, self.max_model_len)
         if rows is None:
             return None
         seqs = batch.seqs if len(rows) == len(batch.seqs) else [batch.seqs[i] for i in rows]

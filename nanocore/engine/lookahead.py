@@ -50,14 +50,15 @@ class Lookahead:
                 block_manager.trim(seq, num_blocks)
 
 
-def lookahead_rows(batch: ScheduledBatch, scheduler: Scheduler, requests: dict,
-                   max_model_len: int) -> list[int] | None:
+def lookahead_rows(batch: ScheduledBatch, scheduler: Scheduler, max_model_len: int) -> list[int] | None:
     """Rows of ``batch`` worth a look-ahead step, or None when the next step may differ from it.
 
-    The batch must be every running sequence decoding one token, nothing waiting for admission, and no
-    row needing its tokens on the host between steps (logprobs, or a detokenizer: stop strings, streaming).
-    Rows that finish by length at this step are left out; the blocks the rest need must be free without
-    evicting cached ones. Cheap checks first: this runs on every decode step.
+    The batch must be every running sequence decoding one token and nothing waiting for admission. Rows
+    that need the host after each step (logprobs, a detokenizer for stop strings or streaming) are fine:
+    their post-processing of step j runs while the device computes j+1, and a row that stops at j (stop
+    string, like EOS) costs one wasted token. Rows that finish by length at this step are left out; the
+    blocks the rest need must be free without evicting cached ones. Cheap checks first: this runs on
+    every decode step.
     """
     if scheduler.waiting or len(batch.seqs) != len(scheduler.running) or batch.total_tokens != len(batch.seqs):
         return None
@@ -65,8 +66,7 @@ def lookahead_rows(batch: ScheduledBatch, scheduler: Scheduler, requests: dict,
     block_manager = scheduler.block_manager
     for i, seq in enumerate(batch.seqs):
         num_tokens = seq.num_tokens
-        if (seq.num_computed_tokens + 1 != num_tokens or seq.output_logprobs is not None
-                or requests[seq.request_id].detokenizers[seq.index] is not None):
+        if seq.num_computed_tokens + 1 != num_tokens:
             return None
         if seq.reaches_length(num_tokens + 1, max_model_len):
             continue  # finishes at this step: nothing to look ahead for

@@ -46,8 +46,12 @@ class StepResult:
 class PendingSample:
     """A step's sampling queued on the device; ``result()`` waits for the sampled ids (pinned copy)."""
 
-    def __init__(self, seqs: list[Sequence], out: SamplerOutput | None = None, host_ids: HostCopy | None = None):
-        self.seqs, self.out, self.host_ids = seqs, out, host_ids
+    def __init__(self, seqs: list[Sequence], out: SamplerOutput | None = None):
+        self.seqs, self.out = seqs, out
+        self.host_ids = HostCopy(out.token_ids) if out is not None else None
+        # logprobs too: a pageable copy would wait for the look-ahead forward queued after this step
+        self.host_logprobs = None if out is None or out.logprobs is None else tuple(
+            HostCopy(t) for t in (out.logprob_token_ids, out.logprobs, out.sampled_ranks))
 
     @property
     def token_ids(self) -> torch.Tensor:
@@ -58,9 +62,8 @@ class PendingSample:
         if self.out is None:  # nothing sampled, or a tensor-parallel worker (rank 0 samples)
             return StepResult(self.seqs, [])
         result = StepResult(self.seqs, self.host_ids.tolist())
-        out = self.out
-        if out.logprobs is not None:
-            ids, lps, ranks = out.logprob_token_ids.tolist(), out.logprobs.tolist(), out.sampled_ranks.tolist()
+        if self.host_logprobs is not None:
+            ids, lps, ranks = (copy.tolist() for copy in self.host_logprobs)
             result.logprobs = [
                 (ids[i][:1 + (s.sampling_params.logprobs or 0)], lps[i][:1 + (s.sampling_params.logprobs or 0)], ranks[i])
                 for i, s in enumerate(self.seqs)]
@@ -333,7 +336,7 @@ class ModelRunner:
         if not self.samples:
             return PendingSample(sampled)
         out = self.sampler(logits, self.sampling_tensors(sampled))
-        return PendingSample(sampled, out, HostCopy(out.token_ids))
+        return PendingSample(sampled, out)
 
     @torch.inference_mode()
     def launch_decode(self, seqs: list[Sequence], token_ids: torch.Tensor, rows: list[int] | None) -> torch.Tensor:
