@@ -7,7 +7,7 @@
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
-#   per linear method), serve (bench serve vs offline, request rates), contract (cuda conformance), and on a 2-GPU
+#   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), contract (cuda conformance), and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -142,6 +142,9 @@ serve)  # served vs offline output tok/s at concurrency 256 (one server, one cal
     --json "$out/serve_c256_qwen3_0.6b.json"
   TAIL=16 step 150 $N bench serve $Q06 --max-model-len 2048 --request-rate 4,16,64 --num-prompts 48 --warmup one \
     --json "$out/serve_rates_qwen3_0.6b.json" ;;
+serveprof)  # concurrency 256 vs offline with a GIL profile of server and clients (py-spy raw stacks, ~300 s)
+  TAIL=24 step 320 /tmp/site/bin/py-spy record --gil --subprocesses -r 50 -f raw -o "$out/serve_c256.gil.txt" -- \
+    $N bench serve $Q06 --max-model-len 2048 --concurrency 256 --compare-offline --json "$out/serve_c256_prof.json" ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

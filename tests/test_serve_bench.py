@@ -34,3 +34,31 @@ def test_bench_serve_thread_server_writes_json(tmp_path, capsys):
         assert row["ttft_p99_ms"] > 0 and row["tpot_p50_ms"] > 0 and row["served_over_offline"] > 0
     assert result["offline"]["output_tokens"] == result["rows"][0]["output_tokens"]
     assert result["server_info"]["backends"]["kv_codec"] == "unquantized"
+
+
+def test_arrival_offsets_are_a_seeded_poisson_schedule():
+    from nanocore.bench.serve_load import arrival_offsets
+
+    assert arrival_offsets(4, float("inf")) == [0.0] * 4
+    offsets = arrival_offsets(2000, 50.0, seed=1)
+    assert offsets == arrival_offsets(2000, 50.0, seed=1) and offsets[0] == 0.0
+    gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+    assert min(gaps) > 0 and abs(sum(gaps) / len(gaps) - 1 / 50.0) < 0.002  # mean gap 1 / rate
+
+
+def test_two_client_processes_share_one_run(tmp_path):
+    """Requests are spread over the processes and come back in workload order with the right counts."""
+    out = tmp_path / "serve.json"
+    code = main(["bench", "serve", "--server", "thread", "--model", "dummy:tiny-qwen2", "--device", "cpu",
+                 "--num-kv-blocks", "256", "--num-prompts", "7", "--min-len", "4", "--max-len", "12",
+                 "--concurrency", "3", "--warmup", "none", "--client-processes", "2", "--threads", "1",
+                 "--json", str(out)])
+    assert code == 0
+    result = json.loads(out.read_text())
+    row = result["rows"][0]
+    assert row["completed"] == 7 and row["failed"] == 0 and row["client_processes"] == 2
+    assert result["client_processes"] == 2 and row["seconds"] > 0
+    from nanocore.bench.throughput import make_workload
+
+    expected = sum(n for _, n in make_workload(7, 4, 12, result["server_info"]["vocab_size"], 0))
+    assert row["output_tokens"] == expected

@@ -10,7 +10,6 @@ config and workload after the server stopped, and reports served / offline outpu
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import math
@@ -58,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="untimed pass first: the workload with shifted ids (default), one request, or none")
     p.add_argument("--compare-offline", action="store_true",
                    help="also run the offline throughput pass on the same config and report served / offline")
+    p.add_argument("--client-processes", type=int, default=None,
+                   help="load-generator processes (default: a quarter of the CPU cores, 1 to 8): one Python "
+                        "client parsing every streamed chunk would be the bottleneck of a fast server")
     p.add_argument("--stream-interval", type=int, default=1,
                    help="without --url: the server's tokens per streamed chunk after the first (default 1)")
     p.add_argument("--startup-timeout", type=float, default=900, help="seconds to wait for the server (default 900)")
@@ -88,7 +90,7 @@ def run_from_args(args, config) -> int:
     print(format_table(rows, COLUMNS + (["served_over_offline"] if offline else [])))
     write_json(args.json, {
         "command": "bench serve", "url": args.url, "server": None if args.url else args.server,
-        "stream_interval": None if args.url else args.stream_interval,
+        "stream_interval": None if args.url else args.stream_interval, "client_processes": client_processes(args),
         "workload": {"num_prompts": args.num_prompts, "min_len": args.min_len, "max_len": args.max_len,
                      "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True},
         "rows": rows, "offline": offline, "server_info": info,
@@ -104,23 +106,32 @@ def build_workload(args, vocab_size: int | None):
     return make_workload(args.num_prompts, args.min_len, args.max_len, vocab_size, args.workload_seed)
 
 
+def client_processes(args) -> int:
+    if args.client_processes is not None:
+        if args.client_processes < 1:
+            raise ValueError(f"--client-processes must be >= 1, got {args.client_processes}")
+        return args.client_processes
+    return max(1, min(8, (os.cpu_count() or 1) // 4))
+
+
 def warm_up(url: str, workload, args, model) -> None:
-    from nanocore.bench.serve_load import run_load
+    from nanocore.bench.serve_load import run_load_processes
 
     if args.warmup == "none":
         return
     vocab = max(t for p, _ in workload for t in p) + 2
     shifted = [([(t + 1) % vocab for t in p], n) for p, n in workload]  # same shapes, no prefix-cache hits
-    asyncio.run(run_load(url, shifted if args.warmup == "full" else shifted[:1], float("inf"), None,
-                         args.temperature, model, args.workload_seed, args.api_key))
+    run_load_processes(url, shifted if args.warmup == "full" else shifted[:1], float("inf"), None,
+                       args.temperature, model, args.workload_seed, args.api_key, client_processes(args))
 
 
 def timed_run(url: str, workload, args, rate: float, concurrency: int | None, model) -> dict:
-    from nanocore.bench.serve_load import run_load, summarize
+    from nanocore.bench.serve_load import run_load_processes, summarize
 
-    records, seconds = asyncio.run(run_load(url, workload, rate, concurrency, args.temperature, model,
-                                            args.workload_seed, args.api_key))
-    return summarize(records, seconds)
+    processes = client_processes(args)
+    records, seconds = run_load_processes(url, workload, rate, concurrency, args.temperature, model,
+                                          args.workload_seed, args.api_key, processes)
+    return {**summarize(records, seconds), "client_processes": processes}
 
 
 def run_offline(config, args) -> dict:

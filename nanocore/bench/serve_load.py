@@ -71,13 +71,28 @@ def _read_final(payload: dict, record: RequestRecord) -> None:
         record.output_tokens = payload["usage"]["completion_tokens"]
 
 
+def arrival_offsets(count: int, request_rate: float, seed: int = 0) -> list[float]:
+    """Seconds from the start at which each request is sent: a Poisson process (0 for all at ``inf``)."""
+    rng, at, offsets = random.Random(seed), 0.0, []
+    for _ in range(count):
+        offsets.append(at)
+        if math.isfinite(request_rate):
+            at += rng.expovariate(request_rate)
+    return offsets
+
+
 async def run_load(url: str, workload: list[tuple[list[int], int]], request_rate: float, concurrency: int | None,
                    temperature: float = 0.6, model: str | None = None, seed: int = 0,
-                   api_key: str | None = None) -> tuple[list[RequestRecord], float]:
-    """Send every (prompt, output length) of ``workload``; return the records and the wall time."""
+                   api_key: str | None = None, offsets: list[float] | None = None,
+                   start_at: float | None = None) -> tuple[list[RequestRecord], float]:
+    """Send every (prompt, output length) of ``workload``; return the records and the wall time.
+
+    ``offsets`` / ``start_at`` (``time.time()``): when each request is sent, for a share of a run that several
+    client processes drive together (default: this process's own Poisson schedule, starting now).
+    """
     import httpx
 
-    rng = random.Random(seed)
+    offsets = offsets if offsets is not None else arrival_offsets(len(workload), request_rate, seed)
     limit = asyncio.Semaphore(concurrency or len(workload))
     records = [RequestRecord(len(p), n) for p, n in workload]
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -88,14 +103,48 @@ async def run_load(url: str, workload: list[tuple[list[int], int]], request_rate
             async with limit:
                 await stream_one(client, model, prompt, max_tokens, temperature, record)
 
-        start = time.perf_counter()
+        start = start_at if start_at is not None else time.time()
         tasks = []
-        for (prompt, max_tokens), record in zip(workload, records):
+        for (prompt, max_tokens), record, offset in zip(workload, records, offsets):
+            delay = start + offset - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
             tasks.append(asyncio.create_task(limited(prompt, max_tokens, record)))
-            if math.isfinite(request_rate):
-                await asyncio.sleep(rng.expovariate(request_rate))
         await asyncio.gather(*tasks)
-    return records, time.perf_counter() - start
+    return records, time.time() - start
+
+
+def _load_share(args: tuple) -> tuple[list[RequestRecord], float]:
+    """One client process's share (``run_load`` arguments); returns its records and end time."""
+    records, _ = asyncio.run(run_load(*args))
+    return records, time.time()
+
+
+def run_load_processes(url: str, workload: list[tuple[list[int], int]], request_rate: float,
+                       concurrency: int | None, temperature: float = 0.6, model: str | None = None, seed: int = 0,
+                       api_key: str | None = None, processes: int = 1) -> tuple[list[RequestRecord], float]:
+    """``run_load`` spread over ``processes`` client processes (one Python client cannot parse tens of
+    thousands of streamed chunks a second): request i goes to process i % processes at its Poisson time,
+    and each process keeps ``concurrency / processes`` requests in flight (the remainder to the first)."""
+    processes = max(1, min(processes, len(workload)))
+    if processes == 1:
+        return asyncio.run(run_load(url, workload, request_rate, concurrency, temperature, model, seed, api_key))
+    import multiprocessing
+
+    offsets = arrival_offsets(len(workload), request_rate, seed)
+    start_at = time.time() + 2.0  # every process is up and importing before the first request is due
+    shares = []
+    for k in range(processes):
+        share_limit = None if concurrency is None else max(1, concurrency // processes
+                                                           + (k < concurrency % processes))
+        shares.append((url, workload[k::processes], request_rate, share_limit, temperature, model, seed, api_key,
+                       offsets[k::processes], start_at))
+    with multiprocessing.get_context("spawn").Pool(processes) as pool:  # spawn: the parent may hold a server
+        results = pool.map(_load_share, shares)
+    records: list[RequestRecord] = [None] * len(workload)  # back in workload order
+    for k, (share_records, _) in enumerate(results):
+        records[k::processes] = share_records
+    return records, max(end for _, end in results) - start_at
 
 
 def percentile(values: list[float], q: float) -> float | None:
