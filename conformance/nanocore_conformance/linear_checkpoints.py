@@ -22,6 +22,7 @@ from nanocore.toolkit.int_packing import (
 from nanocore.toolkit.numerics import (
     awq_dequantize,
     awq_pack,
+    quantize_fp8_blocks,
     quantize_fp8_per_row,
     quantize_int8_per_row,
 )
@@ -56,9 +57,10 @@ def _fp8_tensor(w):
 
 
 def _fp8_block(w):
-    q, scale = quantize_fp8_per_row(w)  # values as any fp8 weight; scales in 128 x 128 tiles
-    tiles = scale.new_ones(-(-w.shape[0] // 128), -(-w.shape[1] // 128))
-    return {"weight": q, "weight_scale": tiles}, q.float()
+    q, tiles = quantize_fp8_blocks(w, (128, 128))  # one scale per 128 x 128 tile (partial tiles at the edges)
+    tiles = tiles.to(torch.bfloat16)  # as llm-compressor stores them
+    held = tiles.float().repeat_interleave(128, 0)[:w.shape[0]].repeat_interleave(128, 1)[:, :w.shape[1]]
+    return {"weight": q, "weight_scale": tiles}, q.float() * held
 
 
 def _int8_channel(w):

@@ -8,7 +8,7 @@ contract in pyproject.toml enforces this for the in-tree plugins). Names documen
 ==============================  ==================================================================================
 module                          what it offers
 ==============================  ==================================================================================
-``toolkit.numerics``            rounding references: fp8 e4m3 / int8 per row, int4 groups (AutoAWQ packing,
+``toolkit.numerics``            rounding references: fp8 e4m3 / int8 per row or tile, int4 groups (AutoAWQ packing,
                                 zeros), fp8 scale search and GPTQ-style rounding, activation quantization
 ``toolkit.checkpoint``          parameters whose loaders reject a mismatching checkpoint clearly (``add_param``,
                                 ``check_all_loaded``, ``CheckpointFormatError``), which tensors are quantized
@@ -22,9 +22,12 @@ module                          what it offers
 ``toolkit.int_packing``         compressed-tensors / GPTQ int32 packing of 4- and 8-bit values, group-wise int
                                 rounding
 ``toolkit.weights``             ``ChannelScaledWeights``: per-output-channel quantized weights with merged /
-                                sharded loading (qkv, gate_up, TP shards) done once
+                                sharded loading (qkv, gate_up, TP shards) done once; ``BlockScaledWeights``: the
+                                same for one scale per 128 x 128 tile (FP8_BLOCK, DeepSeek-V3 fp8)
 ``toolkit.gemm``                Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
                                 their torch reference, launch configs, split-K helpers (``splitk_finish``)
+``toolkit.gemm_block``          Triton GEMM for one-byte weights with one scale per (row block, column block) tile
+                                (``block_scaled_linear``), its torch reference, blockwise dequantization
 ``toolkit.gemv``                the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the
                                 int8 exponent-trick widening ``widen_byte_weights``
 ``toolkit.kv``                  KV-cache store / gather for layouts of the core family (fused store on CUDA, torch

@@ -43,7 +43,7 @@ def checked_loader(weight_loader: Callable, layer: torch.nn.Module, name: str, m
         if dim is not None and size is not None and (loaded.dim() <= dim or loaded.shape[dim] != size):
             raise CheckpointFormatError(
                 f"{method}: checkpoint tensor '{name}' has shape {tuple(loaded.shape)}, expected {size} along dim "
-                f"{dim}; was the checkpoint made for another method or group size?")
+                f"{dim}; was the checkpoint made for another method, group size or block_structure?")
         try:
             weight_loader(param, loaded, *args, **kwargs)
         except CheckpointFormatError:
@@ -51,8 +51,8 @@ def checked_loader(weight_loader: Callable, layer: torch.nn.Module, name: str, m
         except (ValueError, RuntimeError, AssertionError, IndexError) as exc:
             raise CheckpointFormatError(
                 f"{method}: checkpoint tensor '{name}' of shape {tuple(loaded.shape)} does not fit this layer's "
-                f"parameter of shape {tuple(param.shape)} ({exc}); was the checkpoint made for another method "
-                f"or group size?") from exc
+                f"parameter of shape {tuple(param.shape)} ({exc}); was the checkpoint made for another method, "
+                f"group size or block_structure?") from exc
         mark_loaded(layer, name)
     return load
 
@@ -163,28 +163,48 @@ def quantize_checkpoint_linears(method: str, weights: dict[str, torch.Tensor],
     return out
 
 
-def fp8_activation_scheme(method: str, options: dict[str, Any]) -> str:
+def fp8_activation_scheme(method: str, options: dict[str, Any], blocks: bool = False) -> str:
     """The fp8 checkpoint's activation scheme ("dynamic" or "static") from a method's options; block-wise fp8
-    checkpoints are refused. Shared by every method that loads fp8 checkpoints."""
+    checkpoints are refused unless ``blocks`` (see ``fp8_weight_blocks``). Shared by every method that loads fp8
+    checkpoints."""
     config = options.get("quantization_config") or {}
     if "activation_scheme" not in options and config.get("quant_method") == "compressed-tensors":
-        return _compressed_tensors_fp8_scheme(method, config)
+        return _compressed_tensors_fp8_scheme(method, config, blocks)
     scheme = config_option(options, "activation_scheme", "dynamic")
     if scheme not in ("dynamic", "static"):
         raise ValueError(f"{method}: activation_scheme must be 'dynamic' or 'static', got {scheme!r}")
-    if config_option(options, "weight_block_size", None):
-        raise CheckpointFormatError(f"{method}: block-wise fp8 checkpoints (weight_block_size) are not "
-                                    f"supported; use a per-channel or per-tensor fp8 checkpoint")
+    if config_option(options, "weight_block_size", None) and not blocks:
+        raise CheckpointFormatError(f"{method}: block-wise fp8 checkpoints (weight_block_size) are not supported "
+                                    f"by this method; fp8_w8a16 loads them (or use a per-channel fp8 checkpoint)")
     return scheme
 
 
-def _compressed_tensors_fp8_scheme(method: str, config: dict[str, Any]) -> str:
+def fp8_weight_blocks(options: dict[str, Any]) -> tuple[tuple[int, int], str] | None:
+    """``((rows, cols), scale tensor name)`` of a block-wise fp8 checkpoint in a method's options (compressed-tensors
+    ``block_structure`` with ``weight_scale``; ``quant_method: fp8`` ``weight_block_size`` with DeepSeek-V3's
+    ``weight_scale_inv``, which despite its name multiplies too); None for per-channel / per-tensor scales."""
+    config = options.get("quantization_config") or {}
+    if config.get("quant_method") == "compressed-tensors":
+        from nanocore.toolkit.checkpoint_formats import parse_quantization_config  # imports this module
+
+        weights = parse_quantization_config(config).uniform_group().scheme.weights
+        if weights is not None and weights.strategy == "block":
+            return tuple(weights.block_structure), "weight_scale"
+        return None
+    block = config_option(options, "weight_block_size", None)
+    return (tuple(int(v) for v in block), "weight_scale_inv") if block else None
+
+
+def _compressed_tensors_fp8_scheme(method: str, config: dict[str, Any], blocks: bool = False) -> str:
     """A float-quantized compressed-tensors checkpoint's activations: static (an input_scale per layer) or not."""
     from nanocore.toolkit.checkpoint_formats import parse_quantization_config  # imports this module
 
     group = parse_quantization_config(config).uniform_group()
     weights, activations = group.scheme.weights, group.scheme.input_activations
-    if weights is None or weights.type != "float" or weights.strategy not in ("channel", "tensor"):
-        raise CheckpointFormatError(f"{method}: this compressed-tensors checkpoint has weights {weights}; the fp8 "
-                                    f"methods load per-channel or per-tensor fp8 weights")
+    strategies = ("channel", "tensor", "block") if blocks else ("channel", "tensor")
+    if weights is None or weights.type != "float" or weights.strategy not in strategies:
+        raise CheckpointFormatError(f"{method}: this compressed-tensors checkpoint has weights {weights}; this method "
+                                    f"loads fp8 weights with {' / '.join(strategies)} scales"
+                                    + ("" if blocks or weights is None or weights.strategy != "block"
+                                       else "; fp8_w8a16 loads block-wise fp8"))
     return "static" if activations is not None and not activations.dynamic else "dynamic"

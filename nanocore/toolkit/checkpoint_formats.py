@@ -208,6 +208,9 @@ def dequantize_tensors(tensors: dict, group: SchemeGroup):
         zeros = (unpack_int32(zp, w.num_bits, n, dim=0) if zp is not None
                  else torch.full(scale.shape, 1 << (w.num_bits - 1), dtype=torch.int32))
         return dequantize_int(q, scale.reshape(n, -1), zeros.reshape(n, -1), tensors.get("weight_g_idx"))
+    if w is not None and w.strategy == "block":  # fp8 tiles (FP8_BLOCK): one scale per block_structure tile
+        from nanocore.toolkit.gemm_block import dequantize_blocks
+        return dequantize_blocks(tensors["weight"], scale, tuple(w.block_structure))
     weight = tensors["weight"].float()
     zeros = tensors.get("weight_zero_point")
     n, k = weight.shape

@@ -27,9 +27,14 @@ def _parsed(quantization_config: dict | None) -> CheckpointFormat | None | str:
         return str(exc)
 
 
-def fp8_support(method: str, quantization_config: dict | None) -> str | None:
-    """fp8 weights per channel or per tensor (fp8 or compressed-tensors float-quantized), activations none, fp8
-    dynamic per token or fp8 static per tensor."""
+#: The in-tree method that loads block-wise fp8 (named in the others' reasons).
+FP8_BLOCK_METHOD = "fp8_w8a16"
+
+
+def fp8_support(method: str, quantization_config: dict | None, blocks: bool = False) -> str | None:
+    """fp8 weights per channel or per tensor (fp8 or compressed-tensors float-quantized), and with ``blocks`` also
+    per tile (``block_structure`` / ``weight_block_size``, columns a multiple of 16); activations none, fp8
+    dynamic per token / group or fp8 static per tensor."""
     fmt = _parsed(quantization_config)
     if isinstance(fmt, str):
         return fmt
@@ -38,15 +43,33 @@ def fp8_support(method: str, quantization_config: dict | None) -> str | None:
         w, a = scheme.weights, scheme.input_activations
         if w is None or w.type != "float" or w.num_bits != 8:
             return f"{method} loads fp8 (float 8-bit) weights, this checkpoint has {w}"
-        if w.strategy not in ("channel", "tensor"):
-            return (f"{method} loads per-channel or per-tensor fp8 scales, not {w.strategy!r} "
-                    f"(block-wise fp8 is not supported yet: re-quantize with FP8_DYNAMIC or per-tensor FP8)")
+        if w.strategy == "block" and not blocks:
+            return (f"{method} loads per-channel or per-tensor fp8 scales, not block-wise ones "
+                    f"({list(w.block_structure or ())} tiles); {FP8_BLOCK_METHOD!r} loads block-wise fp8: use "
+                    f"linear_method='{FP8_BLOCK_METHOD}' (or 'auto')")
+        if w.strategy == "block":
+            reason = block_structure_reason(w.block_structure)
+            if reason:
+                return f"{method}: {reason}"
+        elif w.strategy not in ("channel", "tensor"):
+            return (f"{method} loads per-channel{', per-block' if blocks else ''} or per-tensor fp8 scales, not "
+                    f"{w.strategy!r}: re-quantize with FP8_DYNAMIC{', FP8_BLOCK' if blocks else ''} or FP8")
         if a is not None and (a.type != "float" or a.num_bits != 8):
             return f"{method} quantizes activations to fp8; this checkpoint's input_activations are {a}"
         if a is not None and not a.dynamic and a.strategy != "tensor":
             return f"{method} loads static fp8 activation scales per tensor only, not {a.strategy!r}"
         return None
     return support_reason(method, fmt, ("fp8", "compressed-tensors"), ("float-quantized", "naive-quantized"), judge)
+
+
+def block_structure_reason(block: tuple[int, ...] | None) -> str | None:
+    """None if the block-scaled GEMM (``toolkit.gemm_block``) takes tiles of ``block = (rows, cols)``, else why."""
+    if not block or len(block) != 2 or min(block) < 1:
+        return f"block-wise fp8 needs a block_structure [rows, columns], this checkpoint has {block}"
+    if block[1] % 16:
+        return (f"block-wise fp8 with {block[1]}-column tiles is not supported (the GEMM's K tile must divide them: "
+                f"a multiple of 16); re-quantize with block_structure [128, 128]")
+    return None
 
 
 def int8_support(method: str, quantization_config: dict | None) -> str | None:

@@ -1,5 +1,7 @@
-"""Per-output-channel quantized weights as the fp8 / int8 / cutlass plugins load them: one set of loading rules.
+"""Quantized weights as the fp8 / int8 / cutlass plugins load them: one set of loading rules.
 
+``ChannelScaledWeights`` (per output channel) and ``BlockScaledWeights`` (one scale per 128 x 128 tile, see its
+docstring). Per channel:
 ``weight [N, K]`` (fp8 or int8) with a float32 ``weight_scale [N, 1]``, plus a scalar ``input_scale`` when
 activations use a static scale. Checkpoints that store one scale per tensor fill that shard's rows (all rows when
 the checkpoint holds the merged q/k/v or gate/up tensor itself); a merged layer missing some shard's scales is an
@@ -82,3 +84,76 @@ class ChannelScaledWeights:
             raise CheckpointFormatError(
                 f"{self.method}: the checkpoint has weight_scale for merged shards {sorted(shards)} of this layer "
                 f"but not for {missing}; it is incomplete or was quantized with another method")
+
+
+class BlockScaledWeights:
+    """A layer's one-byte ``weight [N, K]`` with one scale per ``block = (rows, cols)`` tile (DeepSeek-V3 /
+    llm-compressor ``FP8_BLOCK``; checkpoint ``<scale_name> [ceil(N/rows), ceil(K/cols)]``), loaded merged / sharded.
+
+    The layer keeps the checkpoint's tiles (``layout == block``) when every merged shard and TP slice starts on a
+    tile row; otherwise (SmolLM2's k/v: 192 rows) each tile row is repeated per weight row at load
+    (``layout == (1, cols)``: 4 bytes per row and K tile, 1/32 of the fp8 weight for 128 columns). Either way
+    ``nanocore.toolkit.gemm_block.block_scaled_linear(x, weight, scale, layout)`` computes the layer.
+    """
+
+    def __init__(self, method: str, weight_dtype: torch.dtype, block: tuple[int, int],
+                 scale_name: str = "weight_scale", static_input_scale: bool = False):
+        self.method, self.weight_dtype = method, weight_dtype
+        self.block = (int(block[0]), int(block[1]))
+        self.scale_name, self.static_input_scale = scale_name, static_input_scale
+        self.layout = self.block
+        self.partition_sizes: list[int] = []
+
+    @property
+    def names(self) -> list[str]:
+        return ["weight", self.scale_name] + (["input_scale"] if self.static_input_scale else [])
+
+    def create(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
+               input_size: int, weight_loader) -> None:
+        rows, cols = self.block
+        if input_size_per_partition != input_size and input_size_per_partition % cols:
+            raise CheckpointFormatError(
+                f"{self.method}: this rank's {input_size_per_partition} of {input_size} input features do not start "
+                f"on a {cols}-column scale block; use a tensor_parallel_size that splits the input into multiples "
+                f"of {cols}")
+        n = sum(output_partition_sizes)
+        self.partition_sizes = list(output_partition_sizes)
+        add_param(layer, "weight", (n, input_size_per_partition), self.weight_dtype, weight_loader, self.method,
+                  full_input=input_size, output_dim=0, input_dim=1)
+        k_tiles, full_k_tiles = -(-input_size_per_partition // cols), -(-input_size // cols)
+        if all(size % rows == 0 for size in output_partition_sizes):
+            self.layout = self.block
+            add_param(layer, self.scale_name, (n // rows, k_tiles), torch.float32, weight_loader, self.method,
+                      full_input=full_k_tiles, output_dim=0, input_dim=1, packed_dim=0, packed_factor=rows)
+        else:
+            self.layout = (1, cols)
+            add_param(layer, self.scale_name, (n, k_tiles), torch.float32, self._row_loader(layer, weight_loader),
+                      self.method, full_input=full_k_tiles, output_dim=0, input_dim=1)
+        if self.static_input_scale:  # loaded so the checkpoint is read whole; a weight-only method does not use it
+            add_param(layer, "input_scale", (1,), torch.float32, max_scale_loader, self.method, fill=0.0)
+
+    def _row_loader(self, layer: torch.nn.Module, loader):
+        """Tile rows -> one scale row per weight row of the loaded tensor, then the layer's own placement."""
+        from nanocore.toolkit.gemm_block import expand_block_rows
+
+        def load(param, loaded, *args, **kwargs):
+            shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
+            rows = self._full_rows(layer, shard_id)
+            return loader(param, expand_block_rows(loaded.float(), rows, self.block[0]), *args, **kwargs)
+        return load
+
+    def _full_rows(self, layer: torch.nn.Module, shard_id) -> int:
+        """Rows of the checkpoint tensor loaded for ``shard_id`` (all shards of a merged layer for None)."""
+        sizes = self.partition_sizes
+        full = getattr(layer, "_full_shard_size", lambda i: sizes[i])  # parallel linears know TP / replicated kv
+        if shard_id is None:
+            return sum(full(i) for i in range(len(sizes)))
+        index = layer._shard_index(shard_id) if hasattr(layer, "_shard_index") else _SHARD_INDEX.get(shard_id,
+                                                                                                     shard_id)
+        return full(index)
+
+    def scale(self, layer: torch.nn.Module) -> torch.Tensor:
+        return getattr(layer, self.scale_name)
+
+    def finish(self, layer: torch.nn.Module) -> None:
+        check_all_loaded(layer, self.names, self.method)

@@ -3,7 +3,8 @@
 Checkpoint format (``quantization_config = {"quant_method": "fp8", "activation_scheme": ...}``):
 ``<prefix>.weight`` fp8 e4m3 ``[N, K]``, ``<prefix>.weight_scale`` float ``[N, 1]`` (per output channel)
 or a scalar (per tensor, as other fp8 checkpoints store it), and with ``activation_scheme = "static"``
-a scalar ``<prefix>.input_scale``.
+a scalar ``<prefix>.input_scale``. ``fp8_w8a16`` also loads block-wise scales, one per 128 x 128 tile
+(compressed-tensors ``strategy: block`` / ``weight_scale``, or ``weight_block_size`` / ``weight_scale_inv``).
 """
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
-from nanocore.toolkit.checkpoint import fp8_activation_scheme, quantize_checkpoint_linears
+from nanocore.toolkit.checkpoint import fp8_activation_scheme, fp8_weight_blocks, quantize_checkpoint_linears
 from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
+from nanocore.toolkit.gemm_block import block_scaled_linear, block_scaled_linear_torch
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_activations, quantize_fp8_weight
-from nanocore.toolkit.weights import ChannelScaledWeights
+from nanocore.toolkit.weights import BlockScaledWeights, ChannelScaledWeights
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
 
 _OPTIONS = {"kernel": str, "activation_scheme": str, "quantization_config": dict}
@@ -26,17 +28,22 @@ FP8_SCALE_METHODS = ("search", "absmax")
 
 class _Fp8Base(LinearMethod):
     quant_method = "fp8"
+    #: Loads block-wise fp8 scales (one per 128 x 128 tile) too.
+    loads_blocks = False
 
     @classmethod
     def checkpoint_support(cls, quantization_config):
-        """fp8 and compressed-tensors float-quantized checkpoints (per-channel / per-tensor scales)."""
-        return fp8_support(cls.__name__, quantization_config)
+        """fp8 and compressed-tensors float-quantized checkpoints (per-channel / per-tensor scales; per-block with
+        ``loads_blocks``)."""
+        return fp8_support(cls.__name__, quantization_config, blocks=cls.loads_blocks)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         check_options(self.name, self.options, _OPTIONS)
         self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "triton", "torch"))
-        self.activation_scheme = fp8_activation_scheme(self.name, self.options)
+        self.activation_scheme = fp8_activation_scheme(self.name, self.options, blocks=self.loads_blocks)
+        #: ((rows, cols), scale tensor name) of a block-wise checkpoint, else None
+        self.blocks = fp8_weight_blocks(self.options) if self.loads_blocks else None
 
     @classmethod
     def supports(cls, device: torch.device) -> str | None:
@@ -78,12 +85,30 @@ class Fp8W8A16LinearMethod(_Fp8Base):
 
     tolerance = (0.04, 0.04)  # e4m3 rounds to 1/16 relative; measured worst 0.039 of max|y| on random shapes
     checkpoint_priority = 1  # "auto" on an fp8 checkpoint: bf16 activations, the accurate choice
+    loads_blocks = True  # the only in-tree method that does: fp8_w8a8 and cutlass name it in their reasons
 
     def quant_scheme(self) -> QuantScheme:
-        """fp8 e4m3 weights, one scale per output channel; activations not rounded."""
+        """fp8 e4m3 weights, one scale per output channel (or per tile of a block-wise checkpoint); activations
+        not rounded."""
+        if self.blocks:
+            return QuantScheme(weights=QuantArgs(8, "float", "block", block_structure=self.blocks[0]))
         return QuantScheme(weights=QuantArgs(8, "float", "channel"))
 
+    def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
+                       output_size, params_dtype, weight_loader):
+        if not self.blocks:
+            return super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
+                                          output_size, params_dtype, weight_loader)
+        block, scale_name = self.blocks
+        self.weights = BlockScaledWeights(self.name, FP8_DTYPE, block, scale_name, self.activation_scheme == "static")
+        self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
+
     def apply(self, layer, x, bias=None):
+        if self.blocks:
+            scale, layout = self.weights.scale(layer), self.weights.layout
+            if self._use_triton(x):
+                return block_scaled_linear(x, layer.weight, scale, layout, bias)
+            return block_scaled_linear_torch(x, layer.weight, scale, layout, bias)
         if self._use_triton(x):
             return fp8_linear_triton(x, layer.weight, layer.weight_scale, bias)
         return fp8_linear_torch(x, layer.weight, layer.weight_scale, bias)

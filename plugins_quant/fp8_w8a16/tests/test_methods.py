@@ -129,8 +129,8 @@ def test_wrong_dtype_and_missing_tensor_are_clear_errors():
         layer.linear_method.process_weights_after_loading(layer)
     with pytest.raises(CheckpointFormatError, match="does not fit"):
         layer.weight_scale.weight_loader(layer.weight_scale, torch.ones(9, 1))
-    with pytest.raises(CheckpointFormatError, match="block-wise"):
-        Fp8W8A16LinearMethod({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    with pytest.raises(CheckpointFormatError, match="fp8_w8a16 loads them"):  # block-wise: test_block_scales.py
+        Fp8W8A8LinearMethod({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
 
 
 def test_quantize_keeps_embeddings_norms_and_lm_head():
