@@ -23,10 +23,14 @@ TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_att
             tie_word_embeddings=True, rms_norm_eps=1e-6, rope_theta=10000.0)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128, shared_expert_intermediate_size=256,
            decoder_sparse_step=1, norm_topk_prob=False)
+#: FP8_BLOCK's 128 x 128 scale tiles: dims with one full tile and a partial one (160 = 128 + 32, 288 = 2 x 128 + 32;
+#: k / v rows 2 x 40 = 80, a partial tile whose merged qkv offset is no multiple of 128)
+BLOCK_DIMS = dict(hidden_size=160, intermediate_size=288, head_dim=40)
 #: (folder, architecture, recipe scheme, modifier, extra modifier args)
 CHECKPOINTS = [
     ("llama_fp8_dynamic", "llama", "FP8_DYNAMIC", "rtn", {}),
     ("llama_fp8_static", "llama", "FP8", "rtn", {}),
+    ("llama_fp8_block", "llama_block", "FP8_BLOCK", "rtn", {}),
     ("llama_w8a8_int8", "llama", "W8A8", "rtn", {}),
     ("llama_w4a16", "llama", "W4A16", "rtn", {}),
     ("llama_w4a16_asym", "llama", "W4A16_ASYM", "rtn", {}),
@@ -39,7 +43,7 @@ CHECKPOINTS = [
 REFERENCE_IDS = torch.randint(0, TINY["vocab_size"], (16,), generator=torch.Generator().manual_seed(2))
 #: Any tokenizer will do (the calibration ids are drawn below the tiny vocabulary): the default model's.
 TOKENIZER = Path.home() / ".cache/nanocore/models/SmolLM2-135M-Instruct"
-IGNORE = {"llama": ["lm_head"], "qwen2": ["lm_head"],
+IGNORE = {"llama": ["lm_head"], "llama_block": ["lm_head"], "qwen2": ["lm_head"],
           "qwen2_moe": ["lm_head", "re:.*mlp.gate$", "re:.*shared_expert_gate$"]}
 
 
@@ -54,6 +58,8 @@ def tiny_model(arch: str, seed: int = 0):
     torch.manual_seed(seed)
     if arch == "llama":
         config = LlamaConfig(**TINY)
+    elif arch == "llama_block":
+        config = LlamaConfig(**{**TINY, **BLOCK_DIMS})
     elif arch == "qwen2":
         config = Qwen2Config(**TINY)
     else:
@@ -97,9 +103,12 @@ def make(out: Path, name: str, arch: str, scheme: str, modifier: str, extra: dic
     folder = out / name
     shutil.rmtree(folder, ignore_errors=True)
     model.save_pretrained(folder, save_compressed=True)
-    reread = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
-    with torch.no_grad():  # the producer's toolchain reading its own output, in float32: the reference
-        logits = reread(REFERENCE_IDS[None]).logits[0].float()
+    if scheme == "FP8_BLOCK":  # its forward rounds activations in groups of 128, which 160 features are not
+        logits = dequantized_logits(folder, float_dir)
+    else:
+        reread = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32).eval()
+        with torch.no_grad():  # the producer's toolchain reading its own output, in float32: the reference
+            logits = reread(REFERENCE_IDS[None]).logits[0].float()
     # not *.safetensors: a loader reads every such file of the folder as weights
     torch.save({"input_ids": REFERENCE_IDS, "logits": logits.contiguous()}, folder / "reference_logits.pt")
     config = json.loads((folder / "config.json").read_text())
@@ -107,12 +116,35 @@ def make(out: Path, name: str, arch: str, scheme: str, modifier: str, extra: dic
           f"{sum(f.stat().st_size for f in folder.iterdir()) // 1024} kB")
 
 
+def dequantized_logits(folder: Path, float_dir: Path) -> torch.Tensor:
+    """Logits of a float32 model holding what compressed-tensors' own ``dequantize`` reads from ``folder``'s
+    quantized linears (the dequantized-float reference of a weight format whose producer forward cannot run)."""
+    from compressed_tensors.quantization import QuantizationArgs
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    config = json.loads((folder / "config.json").read_text())["quantization_config"]
+    args = QuantizationArgs(**config["config_groups"]["group_0"]["weights"])
+    tensors = load_file(folder / "model.safetensors")
+    model = AutoModelForCausalLM.from_pretrained(float_dir, torch_dtype=torch.float32).eval()
+    params = dict(model.named_parameters())
+    with torch.no_grad():
+        for name, tensor in tensors.items():
+            if name.endswith(".weight_scale"):
+                weight = name[: -len("_scale")]
+                params[weight].copy_(dequantize(tensors[weight], tensor.float(), args=args, dtype=torch.float32))
+            elif name in params and tensor.dtype != torch.float8_e4m3fn:
+                params[name].copy_(tensor.float())
+        return model(REFERENCE_IDS[None]).logits[0].float()
+
+
 #: The perplexity table of docs/benchmarks-quant.md: SmolLM2-135M through llm-compressor (group 64: 576 = 9 x 64).
-SMOLLM2_SCHEMES = {"FP8_DYNAMIC": {}, "W8A8": {}, "W8A16": {"group_size": 64}, "W4A16": {"group_size": 64},
+SMOLLM2_SCHEMES = {"FP8_DYNAMIC": {}, "FP8_BLOCK": {}, "W8A8": {}, "W8A16": {"group_size": 64}, "W4A16": {"group_size": 64},
                    "W4A16_ASYM": {"group_size": 64}}
 
 
-def make_smollm2(out: Path) -> None:
+def make_smollm2(out: Path, only: list[str] | None = None) -> None:
     """SmolLM2-135M (the default model's float checkpoint) quantized by llm-compressor with round-to-nearest."""
     from compressed_tensors.quantization import preset_name_to_scheme
     from llmcompressor import oneshot
@@ -120,6 +152,8 @@ def make_smollm2(out: Path) -> None:
     from transformers import AutoModelForCausalLM
 
     for name, overrides in SMOLLM2_SCHEMES.items():
+        if only and f"smollm2_lc_{name.lower()}" not in only:
+            continue
         scheme = preset_name_to_scheme(name, ["Linear"])
         if overrides:
             scheme.weights = scheme.weights.model_copy(update={"strategy": "group", **overrides})
@@ -141,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.smollm2:
-        make_smollm2(args.out)
+        make_smollm2(args.out, args.only)
         return 0
     for name, arch, scheme, modifier, extra in CHECKPOINTS:
         if not args.only or name in args.only:

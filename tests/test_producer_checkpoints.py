@@ -19,6 +19,9 @@ PRODUCERS = Path(__file__).parent / "data" / "producers"
 EXPECTED = {
     # AutoAWQ 0.2.9 (benchmarks/make_autoawq_checkpoint.py): reference = its own dequantize_gemm of the packed tensors
     "llama_autoawq_gemm": ("awq", "awq", 1e-4),
+    # FP8_BLOCK (128 x 128 tiles, 160 / 288 / 80-row dims: full and partial tiles): reference = a float32 model
+    # holding compressed-tensors' own dequantize of the tiles (its forward cannot run: 160 inputs are no group of 128)
+    "llama_fp8_block": ("fp8_w8a16", "fp8_w8a16", 1e-4),
     "llama_fp8_dynamic": ("fp8_w8a16", "fp8_w8a8", 1e-4),
     "llama_fp8_static": ("fp8_w8a16", "fp8_w8a8", 1e-4),
     "llama_w8a8_int8": ("int8_w8a8", "int8_w8a8", 0.08),  # int8 activations: nanocore rounds to +-127, ct to 127.5
@@ -69,6 +72,8 @@ def test_cutlass_twin_loads_llm_compressor_fp8():
 
 @pytest.mark.parametrize("name, wrong, right", [
     ("llama_fp8_dynamic", "int8_w8a16", "fp8_w8a16"),
+    ("llama_fp8_block", "fp8_w8a8", "fp8_w8a16"),
+    ("llama_fp8_block", "cutlass", "fp8_w8a16"),
     ("llama_w8a16", "int8_w8a16", "wna16"),
     ("llama_w4a16", "awq", "wna16"),
     ("llama_w8a8_int8", "fp8_w8a16", "int8_w8a8"),
@@ -80,17 +85,21 @@ def test_a_named_method_that_cannot_load_it_says_which_can(name, wrong, right):
     assert wrong in message and right in message and "auto" in message
 
 
-def test_unsupported_scheme_is_a_clear_error(tmp_path):
+@pytest.mark.parametrize("source, block, cause", [
+    ("llama_fp8_block", [128, 100], "re-quantize with block_structure \\[128, 128\\]"),  # no K tile divides 100
+    ("llama_fp8_dynamic", [128, 128], "group size or block_structure"),  # per-channel scales declared as tiles
+])
+def test_unsupported_or_mislabelled_blocks_are_clear_errors(tmp_path, source, block, cause):
     import json
     import shutil
 
     folder = tmp_path / "block"
-    shutil.copytree(PRODUCERS / "llama_fp8_dynamic", folder)
+    shutil.copytree(PRODUCERS / source, folder)
     config = json.loads((folder / "config.json").read_text())
     weights = config["quantization_config"]["config_groups"]["group_0"]["weights"]
-    weights.update(strategy="block", block_structure=[128, 128])
+    weights.update(strategy="block", block_structure=block)
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="block"):
+    with pytest.raises(ValueError, match=cause):
         load_model(EngineConfig(model=str(folder)), "cpu")
 
 
