@@ -105,7 +105,7 @@ def prefill(args, results):
     row["rel_err_vs_varlen"] = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     row["contig_ms"] = bench(lambda: paged_attention(q, k, v, None, meta, scale))
     qp, cache, pmeta = paged_case(n, L, L, hq, hkv, d, args.block_size, dtype)
-    row["paged_ms"] = bench(lambda: paged_attention(qp, qp, qp, cache, pmeta, scale))
+    row["paged_ms"] = bench(lambda: paged_attention(qp, None, None, cache, pmeta, scale))
     row["default_config"] = default_config(L, hq // hkv, d).__dict__
     if args.tune:
         row["tune"] = []
@@ -116,7 +116,7 @@ def prefill(args, results):
                         cfg = AttentionConfig(bm, bn, warps, stages)
                         try:
                             ms_c = bench(lambda: paged_attention(q, k, v, None, meta, scale, config=cfg))
-                            ms_p = bench(lambda: paged_attention(qp, qp, qp, cache, pmeta, scale, config=cfg))
+                            ms_p = bench(lambda: paged_attention(qp, None, None, cache, pmeta, scale, config=cfg))
                         except Exception as exc:  # out of shared memory etc.
                             row["tune"].append({"config": cfg.__dict__, "error": str(exc)[:120]})
                             continue

@@ -76,7 +76,7 @@ def make_case(codec, specs, seed=0):
 
 def run(q, cache, meta, codec, cfg):
     layout = codec.layout(torch.bfloat16) if codec.name != "unquantized" else None
-    return pa.paged_attention(q, q, q, cache, meta, HEAD_DIM ** -0.5, layout=layout, config=cfg)
+    return pa.paged_attention(q, None, None, cache, meta, HEAD_DIM ** -0.5, layout=layout, config=cfg)
 
 
 def variants(name: str) -> list[tuple[str, pa.AttentionConfig | None]]:
@@ -107,7 +107,7 @@ def rel_err(codec, specs, cfg, seed) -> float:
     q, cache, meta = make_case(codec, specs, seed=seed)
     out = run(q, cache, meta, codec, cfg).float()
     n = int(meta.query_start_loc[-1])
-    ref = paged_attention_reference(q, q, q, cache, meta, HEAD_DIM ** -0.5).float()
+    ref = paged_attention_reference(q, None, None, cache, meta, HEAD_DIM ** -0.5).float()
     err = ((out[:n] - ref[:n]).norm() / ref[:n].norm()).item()
     return err if err == err else float("inf")  # NaN fails the check
 

@@ -3,6 +3,11 @@
 One forward handles a mixed batch: sequence ``b`` contributes the query tokens
 ``query_start_loc[b]:query_start_loc[b+1]`` (a prefill chunk or one decode token) and attends to its
 ``seq_lens[b]`` cached tokens, the last of which are its own new tokens (lower-right causal alignment).
+The new K/V are stored through the codec first; a chunk of 2+ tokens then attends to its own tokens in the
+model dtype (``k_new``/``v_new``: no quantization round trip within the chunk) and to the earlier tokens through
+the codec, while a decode token reads itself back from the cache like every earlier token (in CUDA graphs too:
+decode batches never read ``k_new``). ``AttentionMetadata.kv_from_cache`` reads every position from the cache
+(perplexity scoring measures the codec that way).
 """
 from __future__ import annotations
 
@@ -37,6 +42,9 @@ class AttentionMetadata:
     seq_lens_cpu: list[int] | None = None
     #: "auto" (Triton on CUDA when available, else torch) or "torch".
     impl: str = "auto"
+    #: True: the step's own tokens too are read back from the cache through the codec (eval scoring);
+    #: False: a chunk of 2+ tokens attends to its own K/V in the model dtype.
+    kv_from_cache: bool = False
 
     @property
     def num_seqs(self) -> int:
@@ -86,12 +94,17 @@ def block_slots(block_table_row: torch.Tensor, seq_len: int, block_size: int) ->
 
 
 def paged_attention_reference(
-    q: torch.Tensor, k_new: torch.Tensor, v_new: torch.Tensor, cache: KVCache | None,
+    q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None, cache: KVCache | None,
     meta: AttentionMetadata, scale: float,
 ) -> torch.Tensor:
-    """Torch reference: per sequence, gather (dequantize) its KV through the codec and run SDPA."""
+    """Torch reference: per sequence, gather (dequantize) its cached KV through the codec and run SDPA.
+
+    A chunk of 2+ tokens takes its own K/V from ``k_new``/``v_new`` (rows ``query_start_loc[b]`` on), unless
+    ``meta.kv_from_cache`` or ``k_new`` is None; then every position is gathered from the cache.
+    """
     query_lens = meta.query_lens_cpu or (meta.query_start_loc[1:] - meta.query_start_loc[:-1]).tolist()
     seq_lens = meta.seq_lens_cpu or meta.seq_lens.tolist()
+    fresh = k_new is not None and not meta.kv_from_cache
     out = torch.empty_like(q)
     start = 0
     for b, (lq, lk) in enumerate(zip(query_lens, seq_lens)):
@@ -100,8 +113,16 @@ def paged_attention_reference(
         if cache is None:
             k, v = k_new[start:start + lq], v_new[start:start + lq]
         else:
-            slots = block_slots(meta.block_tables[b], lk, cache.block_size)
-            k, v = meta.codec.gather(cache, slots, q.dtype)
+            own = fresh and lq > 1
+            num_cached = lk - lq if own else lk
+            if num_cached:
+                k, v = meta.codec.gather(cache, block_slots(meta.block_tables[b], num_cached, cache.block_size),
+                                         q.dtype)
+            else:  # a first chunk: nothing cached before it
+                k = v = q.new_empty(0, *k_new.shape[1:])
+            if own:
+                k = torch.cat([k, k_new[start:start + lq].to(q.dtype)])
+                v = torch.cat([v, v_new[start:start + lq].to(q.dtype)])
         out[start:start + lq] = causal_attention_reference(q[start:start + lq], k, v, scale)
         start += lq
     return out

@@ -154,7 +154,7 @@ def paged_attention_both(name, seq_lens, query_lens, num_kv_heads, group, head_d
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32), block_tables=tables,
             max_query_len=max(query_lens), max_seq_len=max(seq_lens), kv_caches=[cache], codec=codec,
             query_lens_cpu=list(query_lens), seq_lens_cpu=list(seq_lens))
-        outs.append(paged_attention_reference(q, k[:0], v[:0], cache, meta, head_dim ** -0.5))
+        outs.append(paged_attention_reference(q, None, None, cache, meta, head_dim ** -0.5))  # all from the cache
     return outs
 
 
