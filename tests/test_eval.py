@@ -70,6 +70,30 @@ def test_engine_perplexity_equals_transformers(tiny_llama, window, stride):
     assert engine.block_manager.num_free_blocks == 8  # borrowed blocks came back
 
 
+def test_prompt_logits_kv_from_cache_scores_through_the_codec(tiny_llama):
+    """A whole window is one chunk: as a prefill it never reads the cache (same logits as bf16-like KV); with
+    ``kv_from_cache`` it attends through the int8 cache, and perplexity scores that way."""
+    from nanocore.engine.llm_engine import LLMEngine
+    config = EngineConfig(model=str(tiny_llama), block_size=8, num_kv_blocks=8, kv_codec="unquantized", **CPU)
+    try:
+        int8 = LLMEngine(config.model_copy(update={"kv_codec": "int8"}))
+    except ValueError:
+        pytest.skip("kv codec 'int8' is not installed")
+    plain = LLMEngine(config)
+    tokens = torch.randint(3, 256, (40,), generator=torch.Generator().manual_seed(2)).tolist()
+    exact = plain.prompt_logits(tokens)
+    torch.testing.assert_close(plain.prompt_logits(tokens, kv_from_cache=True), exact, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(int8.prompt_logits(tokens), exact, atol=1e-5, rtol=1e-5)
+    through = int8.prompt_logits(tokens, kv_from_cache=True)
+    assert (through - exact).abs().max() > 1e-4 and torch.isfinite(through).all()
+    flags = []
+    original = int8.prompt_logits
+    int8.prompt_logits = lambda ids, **kw: flags.append(kw) or original(ids, **kw)
+    codec_ppl = perplexity(int8, tokens, 40, 40)
+    assert flags == [{"kv_from_cache": True}]
+    assert codec_ppl.perplexity != pytest.approx(perplexity(plain, tokens, 40, 40).perplexity, rel=1e-7)
+
+
 def test_missing_gensim_says_how_to_install(monkeypatch):
     monkeypatch.setattr(ppl_mod.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps gensim"):

@@ -308,10 +308,12 @@ class LLMEngine:
             out.setdefault(token_id, Logprob(lp, rank, decode(token_id)))
         return out
 
-    def prompt_logits(self, token_ids: list[int]) -> torch.Tensor:
+    def prompt_logits(self, token_ids: list[int], kv_from_cache: bool = False) -> torch.Tensor:
         """Teacher-forced logits ``[len(token_ids), vocab]`` through the paged cache and configured codec.
 
-        Runs on an idle engine (evaluation); the blocks are borrowed and given back.
+        Runs on an idle engine (evaluation); the blocks are borrowed and given back. ``kv_from_cache``: every
+        token attends to the others through the quantized cache (perplexity measures the codec); else as a
+        prefill does (a chunk attends to its own K/V in the model dtype).
         """
         if self.has_unfinished_requests():
             raise RuntimeError("prompt_logits needs an idle engine; finish or abort the running requests first")
@@ -322,7 +324,7 @@ class LLMEngine:
             raise ValueError(f"{len(token_ids)} tokens do not fit in the KV cache ({self.block_manager.num_blocks} "
                              f"blocks of {self.block_manager.block_size}); use a shorter window or more KV blocks")
         try:
-            return self.runner.prompt_logits(seq)
+            return self.runner.prompt_logits(seq, kv_from_cache)
         finally:
             self.block_manager.free(seq)
 

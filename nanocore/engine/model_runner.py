@@ -345,8 +345,13 @@ class ModelRunner:
         return self._forward(self.prepare_decode(seqs, token_ids, rows))
 
     @torch.inference_mode()
-    def prompt_logits(self, seq: Sequence) -> torch.Tensor:
-        """Logits ``[num_tokens, vocab]`` of a whole sequence whose blocks are allocated (teacher forcing)."""
+    def prompt_logits(self, seq: Sequence, kv_from_cache: bool = False) -> torch.Tensor:
+        """Logits ``[num_tokens, vocab]`` of a whole sequence whose blocks are allocated (teacher forcing).
+
+        ``kv_from_cache``: the tokens attend to each other through the quantized cache (stored, then read back
+        through the codec), so a perplexity measures the codec; False scores them as a prefill runs.
+        """
         inputs = self.prepare([seq], [seq.num_tokens - seq.num_computed_tokens], all_logits=True)
+        inputs.meta.kv_from_cache = kv_from_cache
         hidden = self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model.compute_logits(hidden)

@@ -230,10 +230,11 @@ class ParallelModelRunner:
         with self.workers.running_step():
             return self.runner.execute(seqs, num_tokens)
 
-    def prompt_logits(self, seq) -> torch.Tensor:
-        self.workers.send("prompt_logits", ship([seq], [seq.num_tokens - seq.num_computed_tokens])[0])
+    def prompt_logits(self, seq, kv_from_cache: bool = False) -> torch.Tensor:
+        shipped = ship([seq], [seq.num_tokens - seq.num_computed_tokens])[0]
+        self.workers.send("prompt_logits", shipped, kv_from_cache)  # every rank attends the same way
         with self.workers.running_step():
-            return self.runner.prompt_logits(seq)
+            return self.runner.prompt_logits(seq, kv_from_cache)
 
     def __getattr__(self, name: str):
         return getattr(self.runner, name)

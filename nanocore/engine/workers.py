@@ -229,5 +229,5 @@ class Worker:
     def execute(self, shipped: list[tuple], num_tokens: list[int]) -> None:
         self.runner.execute([ShippedSequence(*s) for s in shipped], num_tokens)
 
-    def prompt_logits(self, shipped: tuple) -> None:
-        self.runner.prompt_logits(ShippedSequence(*shipped))
+    def prompt_logits(self, shipped: tuple, kv_from_cache: bool = False) -> None:
+        self.runner.prompt_logits(ShippedSequence(*shipped), kv_from_cache)

@@ -42,7 +42,9 @@ def run_side(engine, prompts: list[list[int]], max_tokens: int, sequences: list[
             finished[out.request_id] = out
     outputs = [out.outputs[0].token_ids for out in sorted(finished.values(), key=lambda o: int(o.request_id))]
     sequences = sequences or [p + o for p, o in zip(prompts, outputs)]
-    logprobs = [engine.prompt_logits(seq).float().log_softmax(-1).cpu() for seq in sequences]
+    # scored through the quantized cache: the comparison measures the KV codec too
+    logprobs = [engine.prompt_logits(seq, kv_from_cache=True).float().log_softmax(-1).cpu()
+                for seq in sequences]
     return SideResult(outputs, logprobs)
 
 

@@ -1,5 +1,8 @@
 """Teacher-forced perplexity through the engine's own forward (paged cache, configured codec and linears).
 
+Every window attends through the quantized KV cache (``prompt_logits(kv_from_cache=True)``): a prefill
+reads a window's own K/V in the model dtype, never the cache, so it would not measure the codec at all.
+
 Sliding windows as in the Hugging Face perplexity guide: each window of ``window`` tokens starts
 ``stride`` after the previous one and scores only the tokens the previous windows did not.
 """
@@ -68,7 +71,8 @@ def perplexity(engine, token_ids: list[int], window: int = 512, stride: int = 51
     start = time.perf_counter()
     for begin, end, num_scored in spans:
         ids = token_ids[begin:end]
-        logits = engine.prompt_logits(ids)[-num_scored - 1:-1].float()
+        # through the quantized cache, so the perplexity gates measure the KV codec
+        logits = engine.prompt_logits(ids, kv_from_cache=True)[-num_scored - 1:-1].float()
         targets = torch.tensor(ids[-num_scored:], device=logits.device)
         nll_sum += torch.nn.functional.cross_entropy(logits, targets, reduction="sum").item()
         scored += num_scored
