@@ -28,18 +28,19 @@ def make_codec(name):
         pytest.skip(f"kv codec {name!r} is not installed")
 
 
-def stored_case(codec, specs, dtype, seed=0):
+def stored_case(codec, specs, dtype, seed=0, heads=(HEADS, KV_HEADS, HEAD_DIM)):
     """q, the step's k_new / v_new, a cache holding every position of each sequence (stored by ``codec``), meta."""
+    num_heads, num_kv_heads, head_dim = heads
     g = torch.Generator().manual_seed(seed)
     blocks = [-(-lk // BLOCK_SIZE) for _, lk in specs]
-    cache = codec.allocate(sum(blocks) + 2, BLOCK_SIZE, KV_HEADS, HEAD_DIM, dtype, torch.device(DEVICE))
+    cache = codec.allocate(sum(blocks) + 2, BLOCK_SIZE, num_kv_heads, head_dim, dtype, torch.device(DEVICE))
     perm = torch.randperm(sum(blocks) + 2, generator=g)[:sum(blocks)].int()
     tables = torch.zeros(len(specs), max(blocks), dtype=torch.int32)
     k_new, v_new, used = [], [], 0
     for b, ((lq, lk), n) in enumerate(zip(specs, blocks)):
         tables[b, :n] = perm[used:used + n]
         used += n
-        k, v = (torch.randn(lk, KV_HEADS, HEAD_DIM, generator=g).to(dtype).to(DEVICE) for _ in range(2))
+        k, v = (torch.randn(lk, num_kv_heads, head_dim, generator=g).to(dtype).to(DEVICE) for _ in range(2))
         codec.store(cache, k, v, block_slots(tables[b], lk, BLOCK_SIZE).to(DEVICE))
         k_new.append(k[lk - lq:])
         v_new.append(v[lk - lq:])
@@ -50,7 +51,7 @@ def stored_case(codec, specs, dtype, seed=0):
         query_start_loc=starts.to(DEVICE), seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
         block_tables=tables.to(DEVICE), max_query_len=max(query_lens), max_seq_len=max(seq_lens),
         kv_caches=[cache], codec=codec, query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
-    q = torch.randn(sum(query_lens), HEADS, HEAD_DIM, generator=g).to(dtype).to(DEVICE)
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=g).to(dtype).to(DEVICE)
     return q, torch.cat(k_new), torch.cat(v_new), cache, meta
 
 
@@ -132,3 +133,19 @@ def test_bad_k_new_is_a_clear_error():
         paged_attention(q, k_new, None, cache, meta, 0.125, layout=layout)
     with pytest.raises(ValueError, match="without a cache"):
         paged_attention(q, None, None, None, AttentionMetadata.for_prefill([q.shape[0]], DEVICE), 0.125)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("path", [None, "fp16_hwcvt_vw"])
+@pytest.mark.parametrize("name", CODECS)
+def test_cuda_bf16_chunks_after_long_prefixes(name, path):
+    """Engine-like shapes: chunks of 512 / 300 after 3,000+ cached tokens, a first chunk, decodes; bf16."""
+    codec = make_codec(name)
+    specs = [(512, 3583), (1, 2048), (300, 300), (1, 1), (77, 4173)]
+    q, k_new, v_new, cache, meta = stored_case(codec, specs, torch.bfloat16, heads=(32, 8, 128))
+    layout = codec.layout(torch.bfloat16)
+    config = AttentionConfig(64, 32, 4, 3, quant_path=path) if path else None
+    out = paged_attention(q, k_new, v_new, cache, meta, 128 ** -0.5, layout=layout, config=config)
+    ref = paged_attention_reference(q, k_new, v_new, cache, meta, 128 ** -0.5)
+    assert torch.isfinite(out).all() and rel(out, ref) < 1e-2
