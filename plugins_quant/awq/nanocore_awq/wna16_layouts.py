@@ -104,7 +104,7 @@ def canonical_tensors(method, layer):
         q = unpack_int32(layer.weight_packed.data, bits, k, dim=1)
         scales = layer.weight_scale.data
         zeros = (unpack_int32(layer.weight_zero_point.data, bits, n, dim=0) if not method.weights.symmetric
-                 else torch.full(scales.shape, mid, dtype=torch.int32))
+                 else torch.full(scales.shape, mid, dtype=torch.int32, device=scales.device))
         g_idx = layer.weight_g_idx.data if method.actorder == "group" else None
     return q.contiguous(), scales.float().contiguous(), zeros.contiguous(), _simplify_g_idx(g_idx, k, scales.shape[1])
 
