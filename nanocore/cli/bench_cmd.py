@@ -7,17 +7,24 @@ from __future__ import annotations
 from nanocore.bench import interference as interference_bench
 from nanocore.bench import prefix as prefix_bench
 from nanocore.bench import serve as serve_bench
-from nanocore.bench.throughput import WARMUPS
+from nanocore.bench.throughput import WARMUPS, WORKLOADS
 from nanocore.cli.common import add_engine_args, engine_config_from_args
 
 THROUGHPUT_COLUMNS = ["model", "num_seqs", "prompt_tokens", "output_tokens", "seconds", "output_tokens_per_s",
-                      "total_tokens_per_s", "preemptions"]
+                      "total_tokens_per_s", "preemptions", "peak_running_seqs", "peak_kv_usage", "kv_capacity_tokens"]
 
 
 def add_throughput_args(p) -> None:
-    p.add_argument("--num-seqs", type=int, default=256, help="sequences in the batch (default 256, Nano-vLLM's)")
-    p.add_argument("--min-len", type=int, default=100, help="shortest prompt / output (default 100)")
-    p.add_argument("--max-len", type=int, default=1024, help="longest prompt / output (default 1024)")
+    p.add_argument("--workload", choices=list(WORKLOADS), default="nano-vllm",
+                   help="'nano-vllm' (default): 256 sequences, prompts and outputs 100..1024 tokens; 'kv-bound': 512 "
+                        "sequences, prompts 1024..2048, outputs 512..1024, max_num_seqs 512 and max_model_len 4096 "
+                        "unless given (more KV than a bf16 cache holds at Llama-3.1-8B shapes on an H200: run it "
+                        "with --model dummy:Llama-3.1-8B); the flags below override its numbers")
+    p.add_argument("--num-seqs", type=int, help="sequences in the batch (default: the workload's)")
+    p.add_argument("--min-len", type=int, help="shortest prompt (default: the workload's)")
+    p.add_argument("--max-len", type=int, help="longest prompt (default: the workload's)")
+    p.add_argument("--min-output-len", type=int, help="shortest output (default: the workload's; nano-vllm: --min-len)")
+    p.add_argument("--max-output-len", type=int, help="longest output (default: the workload's; nano-vllm: --max-len)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--workload-seed", type=int, default=0, help="seed of the random workload (default 0)")
     p.add_argument("--progress", action="store_true", help="show a progress bar")
@@ -26,23 +33,40 @@ def add_throughput_args(p) -> None:
                         "every kernel variant the timed pass needs), 'one' = one short request, 'none'")
 
 
+def throughput_workload(args) -> tuple[dict, dict]:
+    """(batch: num_seqs, min_len, max_len, output_lens; engine fields the preset sets and no flag gives)."""
+    preset = WORKLOADS[args.workload]
+    min_len = args.min_len if args.min_len is not None else preset.prompt_lens[0]
+    max_len = args.max_len if args.max_len is not None else preset.prompt_lens[1]
+    min_out, max_out = preset.output_lens or (min_len, max_len)
+    output_lens = (args.min_output_len if args.min_output_len is not None else min_out,
+                   args.max_output_len if args.max_output_len is not None else max_out)
+    batch = {"num_seqs": args.num_seqs if args.num_seqs is not None else preset.num_seqs,
+             "min_len": min_len, "max_len": max_len, "output_lens": output_lens}
+    engine = {k: v for k, v in preset.engine.items() if getattr(args, k, None) is None}
+    return batch, engine
+
+
 def run_throughput_cmd(args) -> int:
     from nanocore.bench.report import config_summary, environment, format_table, write_json
     from nanocore.bench.memory_floor import floor_report
     from nanocore.bench.throughput import make_workload, result_dict, run_throughput
     from nanocore.engine.llm import LLM
 
-    config = engine_config_from_args(args)
+    batch, engine_fields = throughput_workload(args)
+    config = engine_config_from_args(args, **engine_fields)
     llm = LLM(config=config)
-    result = run_throughput(llm, args.num_seqs, args.min_len, args.max_len, args.temperature, args.workload_seed,
-                            warmup=args.warmup, use_tqdm=args.progress)
-    workload = make_workload(args.num_seqs, args.min_len, args.max_len, llm.engine.loaded.hf_config.vocab_size,
-                             args.workload_seed)
+    result = run_throughput(llm, batch["num_seqs"], batch["min_len"], batch["max_len"], args.temperature,
+                            args.workload_seed, warmup=args.warmup, use_tqdm=args.progress,
+                            output_lens=batch["output_lens"])
+    workload = make_workload(batch["num_seqs"], batch["min_len"], batch["max_len"],
+                             llm.engine.loaded.hf_config.vocab_size, args.workload_seed, batch["output_lens"])
     floor = floor_report(llm, [len(p) for p, _ in workload], [n for _, n in workload], result.steps, result.seconds)
     row = {"model": config.model, **result_dict(result), "fraction_of_floor": floor["fraction_of_floor"]}
     print(format_table([row], THROUGHPUT_COLUMNS + ["fraction_of_floor"]))
     write_json(args.json, {"command": "bench throughput", "workload": {
-        "num_seqs": args.num_seqs, "min_len": args.min_len, "max_len": args.max_len,
+        "name": args.workload, "num_seqs": batch["num_seqs"], "min_len": batch["min_len"], "max_len": batch["max_len"],
+        "min_output_len": batch["output_lens"][0], "max_output_len": batch["output_lens"][1],
         "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True},
         "result": result_dict(result), "memory_floor": floor, "config": config_summary(config),
         "kv_capacity_tokens": llm.engine.runner.capacity_tokens,

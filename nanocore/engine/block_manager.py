@@ -22,12 +22,18 @@ class BlockManager:
         self.ref_counts = [0] * num_blocks
         self.free_blocks: deque[int] = deque(range(num_blocks))
         self.evictable: set[int] = set()  # ref count 0, still held by the prefix cache
+        self.peak_used_blocks = 0  # most blocks referenced at once, seen at allocations (benchmarks reset it)
 
     @property
     def num_free_blocks(self) -> int:
         """Blocks an allocation can get: free ones plus idle cached ones (an upper bound: a cache may
         evict some idle blocks only after others, e.g. radix inner nodes after their children)."""
         return len(self.free_blocks) + len(self.evictable)
+
+    @property
+    def num_used_blocks(self) -> int:
+        """Blocks referenced by sequences (neither free nor idle in the prefix cache)."""
+        return self.num_blocks - len(self.free_blocks) - len(self.evictable)
 
     def blocks_needed(self, seq: Sequence, num_tokens: int) -> int:
         """Extra blocks ``seq`` needs so its table covers its first ``num_tokens`` tokens."""
@@ -66,6 +72,7 @@ class BlockManager:
         for block_id in taken:
             self.ref_counts[block_id] = 1
         seq.block_table.extend(taken)
+        self.peak_used_blocks = max(self.peak_used_blocks, self.num_used_blocks)
         return True
 
     def free(self, seq: Sequence) -> None:

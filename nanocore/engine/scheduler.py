@@ -43,6 +43,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
+        self.peak_running = 0  # most sequences running at once (benchmarks reset it)
 
     # ---- admission -----------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -184,6 +185,7 @@ class Scheduler:
             self.num_cached_tokens += cached
         seq.status = SequenceStatus.RUNNING
         self.running.append(seq)
+        self.peak_running = max(self.peak_running, len(self.running))
 
     def preempt_latest(self, exclude=()) -> Sequence | None:
         """Preempt the latest-arrived running sequence whose id is not in ``exclude``, as KV pressure does (the
