@@ -91,8 +91,9 @@ class BlockScaledWeights:
     llm-compressor ``FP8_BLOCK``; checkpoint ``<scale_name> [ceil(N/rows), ceil(K/cols)]``), loaded merged / sharded.
 
     The layer keeps the checkpoint's tiles (``layout == block``) when every merged shard and TP slice starts on a
-    tile row; otherwise (SmolLM2's k/v: 192 rows) each tile row is repeated per weight row at load
-    (``layout == (1, cols)``: 4 bytes per row and K tile, 1/32 of the fp8 weight for 128 columns). Either way
+    tile row (a layer of one shard whose output is not split always does: o_proj / down_proj of any size); otherwise
+    (SmolLM2's q/k/v: 576 / 192 / 192 rows) each tile row is repeated per weight row at load (``layout == (1, cols)``:
+    4 bytes per row and K tile, 1/32 of the fp8 weight for 128 columns). Either way
     ``nanocore.toolkit.gemm_block.block_scaled_linear(x, weight, scale, layout)`` computes the layer.
     """
 
@@ -109,7 +110,8 @@ class BlockScaledWeights:
         return ["weight", self.scale_name] + (["input_scale"] if self.static_input_scale else [])
 
     def create(self, layer: torch.nn.Module, input_size_per_partition: int, output_partition_sizes: list[int],
-               input_size: int, weight_loader) -> None:
+               input_size: int, weight_loader, output_size: int | None = None) -> None:
+        """``output_size``: the layer's full output (before TP); given, a one-shard layer that equals it keeps tiles."""
         rows, cols = self.block
         if input_size_per_partition != input_size and input_size_per_partition % cols:
             raise CheckpointFormatError(
@@ -121,10 +123,14 @@ class BlockScaledWeights:
         add_param(layer, "weight", (n, input_size_per_partition), self.weight_dtype, weight_loader, self.method,
                   full_input=input_size, output_dim=0, input_dim=1)
         k_tiles, full_k_tiles = -(-input_size_per_partition // cols), -(-input_size // cols)
-        if all(size % rows == 0 for size in output_partition_sizes):
+        if all(size % rows == 0 for size in output_partition_sizes):  # merged / TP placement in whole tiles
             self.layout = self.block
             add_param(layer, self.scale_name, (n // rows, k_tiles), torch.float32, weight_loader, self.method,
                       full_input=full_k_tiles, output_dim=0, input_dim=1, packed_dim=0, packed_factor=rows)
+        elif len(output_partition_sizes) == 1 and output_size == n:  # the whole output: the checkpoint's tiles as-is
+            self.layout = self.block
+            add_param(layer, self.scale_name, (-(-n // rows), k_tiles), torch.float32, weight_loader, self.method,
+                      full_input=full_k_tiles, input_dim=1)
         else:
             self.layout = (1, cols)
             add_param(layer, self.scale_name, (n, k_tiles), torch.float32, self._row_loader(layer, weight_loader),

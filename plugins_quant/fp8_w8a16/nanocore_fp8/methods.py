@@ -101,7 +101,8 @@ class Fp8W8A16LinearMethod(_Fp8Base):
                                           output_size, params_dtype, weight_loader)
         block, scale_name = self.blocks
         self.weights = BlockScaledWeights(self.name, FP8_DTYPE, block, scale_name, self.activation_scheme == "static")
-        self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
+        self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader,
+                            output_size)
 
     def apply(self, layer, x, bias=None):
         if self.blocks:

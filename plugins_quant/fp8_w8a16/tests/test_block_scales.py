@@ -44,15 +44,28 @@ def check_apply(layer, held, k=None, bias=None):
 
 
 @pytest.mark.parametrize("n,k", [(256, 384), (200, 300), (100, 50)])
-def test_row_layer_compact_or_per_row_scales(n, k):
+def test_one_shard_layers_keep_the_tiles(n, k):
     torch.manual_seed(n)
     layer = RowParallelLinear(k, n, linear_method=method(), parallel=ParallelContext(), params_dtype=torch.float32)
     tensors, held = block_tensors(torch.randn(n, k))
     load(layer, tensors)
-    # tiles kept as the checkpoint has them when rows split on tile boundaries, else one scale row per weight row
-    assert layer.linear_method.weights.layout == ((128, 128) if n % 128 == 0 else (1, 128))
+    assert layer.linear_method.weights.layout == (128, 128)  # the whole output: tiles as the checkpoint has them
+    assert tuple(layer.weight_scale.shape) == tuple(tensors["weight_scale"].shape)
     assert layer.weight.dtype == torch.float8_e4m3fn  # one byte per weight: no float copy
     check_apply(layer, held, bias=torch.randn(n))
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+@pytest.mark.parametrize("n", [512, 400])
+def test_column_tp_slices_keep_tiles_on_a_tile_boundary_else_scale_rows(tp_rank, n):
+    from nanocore.layers.linear import ColumnParallelLinear
+    torch.manual_seed(n)
+    layer = ColumnParallelLinear(300, n, linear_method=method(), parallel=ParallelContext(tp_rank=tp_rank, tp_size=2),
+                                 params_dtype=torch.float32)
+    tensors, held = block_tensors(torch.randn(n, 300))
+    load(layer, tensors)
+    assert layer.linear_method.weights.layout == ((128, 128) if n == 512 else (1, 128))  # 200 rows: off a tile
+    check_apply(layer, held.chunk(2)[tp_rank])
 
 
 @pytest.mark.parametrize("tp_rank", [0, 1])
@@ -116,8 +129,12 @@ def test_missing_or_wrong_scales_are_clear_errors():
     layer.weight.weight_loader(layer.weight, tensors["weight"])
     with pytest.raises(CheckpointFormatError, match="no \\['weight_scale'\\]"):
         layer.linear_method.process_weights_after_loading(layer)
-    with pytest.raises(CheckpointFormatError, match="another block_structure"):
+    with pytest.raises(CheckpointFormatError, match="block_structure"):
         layer.weight_scale.weight_loader(layer.weight_scale, torch.ones(200, 3))  # per row, not per tile
+    qkv = QKVParallelLinear(300, 40, 4, 2, linear_method=method(), parallel=ParallelContext(),
+                            params_dtype=torch.float32)  # scale rows per weight row: expanded at load
+    with pytest.raises(CheckpointFormatError, match="another block_structure"):
+        qkv.weight_scale.weight_loader(qkv.weight_scale, torch.ones(80, 3), "k")
 
 
 def test_routing_and_reasons():
