@@ -46,6 +46,8 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
         w_kind = W_INT8_CVT
     elif w_kind == W_INT8:
         w = w.view(torch.uint8)  # zero-extended bytes: the exponent trick needs no sign extension or mask
+    elif w_kind == W_FP8:
+        w = w.view(torch.uint8)  # a masked tail load needs an integer 'other' (Triton cannot cast 0 to fp8)
     grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
     split_k = gemv_split_k(grid_n, k_tiles, _sms(x2.device), cfg.split_k)
     k_per_split = triton.cdiv(k_tiles, split_k) * cfg.block_k
@@ -74,6 +76,8 @@ if triton is not None:
             return f - 8388736.0
         elif W_KIND == 2:
             return _e4m3_bits_to_fp16(w).to(tl.float32)
+        elif W_KIND == 1:  # fp8 e4m3 bytes (a uint8 view), converted by the hardware
+            return w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         else:
             return w.to(tl.float32)
 
