@@ -96,7 +96,8 @@ def block_k_for(block_cols: int, wanted: int) -> int:
 def block_config(m: int, n: int, k: int, block_cols: int, config: GemmConfig | None = None) -> GemmConfig:
     """The launch config for an ``[m, k] x [k, n]`` block-scaled GEMM: ``config`` (or the per-channel default for
     the shape) with ``block_k`` cut to divide ``block_cols``; decode sizes keep split-K, larger M tiles without."""
-    cfg = config or default_config(m, n, k)
+    # M = 1's default is the CUDA-core GEMV, which has no block variant: take the decode split-K default there
+    cfg = config or default_config(max(m, 2) if m <= DECODE_MAX_M else m, n, k)
     kind = "splitk" if m <= DECODE_MAX_M and cfg.kind in ("gemv", "splitk") else "tiled"
     block_m = max(16, triton.next_power_of_2(m)) if kind == "splitk" else max(16, cfg.block_m)
     return dataclasses.replace(cfg, kind=kind, block_m=block_m, block_k=block_k_for(block_cols, cfg.block_k))

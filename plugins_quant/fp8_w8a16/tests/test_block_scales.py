@@ -159,3 +159,23 @@ def test_auto_picks_fp8_w8a16_for_block_fp8():
         assert entry.name == "fp8_w8a16"
         with pytest.raises(ValueError, match="fp8_w8a16"):
             resolve_linear_method("fp8_w8a8", {}, SimpleNamespace(quantization_config=config), torch.device("cpu"))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("head_dim", [64, 40])  # qkv with tiles kept / scale rows per weight row
+@pytest.mark.parametrize("m", [1, 7, 300])
+def test_triton_kernel_through_the_layer_on_cuda(head_dim, m):
+    torch.manual_seed(m)
+    options = {"quantization_config": FP8_BLOCK, "kernel": "triton"}
+    qkv = QKVParallelLinear(1000, head_dim, 16, 4, linear_method=Fp8W8A16LinearMethod(options),
+                            parallel=ParallelContext(), params_dtype=torch.bfloat16)
+    held = {}
+    for shard_id, rows in (("q", 16 * head_dim), ("k", 4 * head_dim), ("v", 4 * head_dim)):
+        tensors, held[shard_id] = block_tensors(torch.randn(rows, 1000))
+        load(qkv, tensors, shard_id)
+    qkv.linear_method.process_weights_after_loading(qkv)
+    qkv.to("cuda")
+    x = torch.randn(m, 1000, device="cuda", dtype=torch.bfloat16)
+    got = qkv.linear_method.apply(qkv, x).float()
+    expected = x.float() @ torch.cat([held[s] for s in "qkv"]).cuda().t()
+    assert float((got - expected).abs().max() / expected.abs().max()) < 1e-2
