@@ -120,3 +120,23 @@ def test_formats_nothing_loads_say_why(config, cause):
 
     with pytest.raises(ValueError, match=cause):
         resolve_linear_method("auto", {}, SimpleNamespace(quantization_config=config), torch.device("cpu"))
+
+
+def test_fp8_block_experts_and_unquantized_router_of_a_deepseek_style_checkpoint():
+    """``quant_method: fp8`` + ``weight_block_size`` (DeepSeek-V3, Qwen3-FP8): expert tiles under ``weight_scale_inv``
+    are dequantized for the float MoE executor; a router the producer left in bf16 passes through."""
+    from nanocore.loader.float_modules import dequantize_float_modules
+    from nanocore.toolkit.gemm_block import dequantize_blocks
+    from nanocore.toolkit.numerics import quantize_fp8_blocks
+
+    config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    q, scale = quantize_fp8_blocks(torch.randn(200, 160))
+    router = torch.randn(4, 160, dtype=torch.bfloat16)
+    stream = [("model.layers.0.mlp.experts.0.down_proj.weight_scale_inv", scale),
+              ("model.layers.0.mlp.gate.weight", router),
+              ("model.layers.0.mlp.experts.0.down_proj.weight", q),
+              ("model.layers.0.self_attn.o_proj.weight", q)]  # a linear-method layer: untouched
+    out = dict(dequantize_float_modules(stream, config))
+    assert torch.equal(out["model.layers.0.mlp.experts.0.down_proj.weight"], dequantize_blocks(q, scale, (128, 128)))
+    assert out["model.layers.0.mlp.gate.weight"] is router and out["model.layers.0.self_attn.o_proj.weight"] is q
+    assert len(out) == 3

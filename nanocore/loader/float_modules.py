@@ -2,7 +2,9 @@
 
 llm-compressor quantizes every ``Linear`` it is not told to ignore, MoE experts included (the MoE executor takes
 float ``w13`` / ``w2``). Their tensors are gathered per module while streaming the checkpoint and replaced by one
-dequantized ``<module>.weight``; the linear method never sees them. Only compressed-tensors configs are read.
+dequantized ``<module>.weight``; the linear method never sees them. compressed-tensors configs are read, and
+``quant_method: fp8`` ones (vLLM / DeepSeek-V3 / Qwen3-FP8: per-channel ``weight_scale`` or block-wise
+``weight_scale_inv`` tiles). A float ``weight`` (a module the producer left unquantized) passes through.
 """
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def dequantize_float_modules(weights: Iterable[tuple[str, torch.Tensor]], quanti
                              ) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint stream with quantized float-module tensors replaced by their dequantized ``weight``."""
     fmt = parse_quantization_config(quantization_config) if quantization_config else None
-    if fmt is None or fmt.producer != "compressed-tensors":
+    if fmt is None or fmt.producer not in ("compressed-tensors", "fp8"):
         yield from weights
         return
     pending: dict[str, dict[str, torch.Tensor]] = {}
@@ -45,6 +47,11 @@ def dequantize_float_modules(weights: Iterable[tuple[str, torch.Tensor]], quanti
         module, suffix = match["module"], match["suffix"]
         if suffix in ("input_scale", "output_scale"):
             continue  # the module runs unquantized: its activation scales do not apply
+        if suffix == "weight" and tensor.dtype.is_floating_point and tensor.dtype.itemsize >= 2:
+            yield name, tensor  # left unquantized by the producer (e.g. an fp8 checkpoint's router)
+            continue
+        if fmt.producer == "fp8" and suffix == "weight_scale_inv":
+            suffix = "weight_scale"  # DeepSeek-V3's name for the block scales (they multiply, as weight_scale)
         parts = pending.setdefault(module, {})
         parts[suffix] = tensor
         if all(s in parts for s in tensor_suffixes(group)):
