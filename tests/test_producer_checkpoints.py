@@ -140,3 +140,26 @@ def test_fp8_block_experts_and_unquantized_router_of_a_deepseek_style_checkpoint
     assert torch.equal(out["model.layers.0.mlp.experts.0.down_proj.weight"], dequantize_blocks(q, scale, (128, 128)))
     assert out["model.layers.0.mlp.gate.weight"] is router and out["model.layers.0.self_attn.o_proj.weight"] is q
     assert len(out) == 3
+
+
+def test_deepseek_style_fp8_block_checkpoint_loads_with_auto(tmp_path):
+    """The llm-compressor FP8_BLOCK tensors relabelled as DeepSeek-V3 writes them (``quant_method: fp8``,
+    ``weight_block_size``, ``weight_scale_inv``): auto picks fp8_w8a16 and the logits are the same."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "deepseek_style"
+    shutil.copytree(PRODUCERS / "llama_fp8_block", folder)
+    tensors = load_file(folder / "model.safetensors")
+    renamed = {(k + "_inv" if k.endswith(".weight_scale") else k): v.float() if k.endswith("_scale") else v
+               for k, v in tensors.items()}
+    save_file(renamed, folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                                     "weight_block_size": [128, 128]}
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded, ours, reference = producer_logits(folder, "auto")
+    assert loaded.linear_method == "fp8_w8a16"
+    assert ((ours - reference).abs().max() / reference.abs().max()).item() <= 1e-4
