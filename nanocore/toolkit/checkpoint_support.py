@@ -45,8 +45,7 @@ def fp8_support(method: str, quantization_config: dict | None, blocks: bool = Fa
             return f"{method} loads fp8 (float 8-bit) weights, this checkpoint has {w}"
         if w.strategy == "block" and not blocks:
             return (f"{method} loads per-channel or per-tensor fp8 scales, not block-wise ones "
-                    f"({list(w.block_structure or ())} tiles); {FP8_BLOCK_METHOD!r} loads block-wise fp8: use "
-                    f"linear_method='{FP8_BLOCK_METHOD}' (or 'auto')")
+                    f"({list(w.block_structure or ())} tiles), which {FP8_BLOCK_METHOD!r} loads")
         if w.strategy == "block":
             reason = block_structure_reason(w.block_structure)
             if reason:
