@@ -124,14 +124,24 @@ def test_unquantized_cache_gives_the_same_result_either_way():
     assert torch.equal(paged_attention_reference(q, k_new, v_new, cache, meta, 0.125), ref)
 
 
+def test_k_new_in_another_float_dtype_or_strided_is_read_as_is():
+    codec = make_codec("int8")
+    q, k_new, v_new, cache, meta = stored_case(codec, SPECS, torch.float16, seed=4)
+    layout = codec.layout(torch.float16)
+    out = paged_attention(q, k_new, v_new, cache, meta, 0.125, layout=layout)
+    wide = torch.stack([k_new.float(), k_new.float()], dim=-1)[..., 0]  # fp32, head_dim stride 2
+    assert rel(paged_attention(q, wide, v_new.float(), cache, meta, 0.125, layout=layout), out) < 1e-2
+    assert rel(paged_attention(q, k_new, v_new, cache, meta, 0.125, layout=layout), out) == 0
+
+
 def test_bad_k_new_is_a_clear_error():
     codec = make_codec("int8")
     q, k_new, v_new, cache, meta = stored_case(codec, SPECS, torch.float16)
     layout = codec.layout(torch.float16)
     with pytest.raises(ValueError, match="k_new must be"):
         paged_attention(q, q, q, cache, meta, 0.125, layout=layout)  # query heads, not KV heads
-    with pytest.raises(ValueError, match="q's dtype"):
-        paged_attention(q, k_new.float(), v_new.float(), cache, meta, 0.125, layout=layout)
+    with pytest.raises(ValueError, match="float dtype"):
+        paged_attention(q, k_new.to(torch.int8), v_new, cache, meta, 0.125, layout=layout)
     with pytest.raises(ValueError, match="without v_new"):
         paged_attention(q, k_new, None, cache, meta, 0.125, layout=layout)
     with pytest.raises(ValueError, match="without a cache"):

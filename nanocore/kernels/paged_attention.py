@@ -55,21 +55,22 @@ def _quant_flags(path: str, codes: tuple[int, int], k_group: int) -> tuple[bool,
     return fold, k_split
 
 
-def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta) -> bool:
-    """True when chunks read their own K/V from ``k_new``/``v_new`` (checked: ``[T, Hkv, D]`` in q's dtype)."""
+def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
+    """(FRESH, k_new, v_new): whether chunks read their own K/V from ``k_new``/``v_new`` (checked ``[T, Hkv, D]``,
+    head_dim made contiguous), and the tensors the kernel gets (q, never read, when not FRESH)."""
     if cache is None or k_new is None or meta.kv_from_cache or meta.max_query_len <= 1:
-        return False
+        return False, q, q
     if v_new is None:
         raise ValueError("paged_attention got k_new without v_new; pass both (or neither, to read the cache)")
     num_kv_heads = cache.k.shape[2]
     for name, x in (("k_new", k_new), ("v_new", v_new)):
         if x.dim() != 3 or x.shape[0] < q.shape[0] or x.shape[1:] != (num_kv_heads, q.shape[2]):
-            raise ValueError(f"{name} must be [num_tokens >= {q.shape[0]}, {num_kv_heads}, {q.shape[2]}], "
-                             f"got {tuple(x.shape)}")
-        if x.dtype != q.dtype or x.stride(-1) != 1:
-            raise ValueError(f"{name} must be head_dim contiguous in q's dtype {q.dtype}, got {x.dtype} with "
-                             f"strides {x.stride()}")
-    return True
+            raise ValueError(f"{name} must be [num_tokens >= {q.shape[0]}, {num_kv_heads}, {q.shape[2]}] (the "
+                             f"step's K/V), got {tuple(x.shape)}")
+        if not x.is_floating_point():
+            raise ValueError(f"{name} must hold the step's K/V in a float dtype, got {x.dtype}")
+    contiguous = lambda x: x if x.stride(-1) == 1 else x.contiguous()  # noqa: E731
+    return True, contiguous(k_new), contiguous(v_new)
 
 
 def _num_splits(cfg: AttentionConfig, meta, programs: int, num_q_tiles: int, q: torch.Tensor) -> int:
@@ -93,8 +94,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     """
     num_tokens, num_q_heads, head_dim = q.shape
     k, v, ks, vs, codes, groups, page = _layout_args(cache, layout, k_new, v_new)
-    fresh = _fresh_kv(q, k_new, v_new, cache, meta)
-    kn, vn = (k_new, v_new) if fresh else (q, q)  # not read unless fresh
+    fresh, kn, vn = _fresh_kv(q, k_new, v_new, cache, meta)
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     kv_itemsize = max(k.element_size(), v.element_size())
