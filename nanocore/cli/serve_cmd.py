@@ -28,6 +28,9 @@ def register(subparsers) -> None:
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted (default 30)")
     s.add_argument("--stream-interval", type=int, default=1,
                    help="tokens per streamed chunk after the first (default 1; larger = less HTTP work per token)")
+    s.add_argument("--engine-process", choices=["auto", "on", "off"], default="auto",
+                   help="run the engine in its own process, so HTTP work and engine steps do not share one GIL "
+                        "(default auto: on for a GPU, off for the CPU, whose steps are compute-bound anyway)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -35,17 +38,30 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from nanocore.engine.llm import LLM
-    from nanocore.serve.server import create_app, serve
+    from nanocore.serve.server import create_app, create_process_app, serve
 
     if args.max_waiting_requests < 1:
         raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
     config = engine_config_from_args(args)  # config errors before the model loads
     logging.getLogger("nanocore").setLevel(logging.INFO)
-    llm = LLM(config=config)
-    app = create_app(llm, args.served_model_name, args.api_key or os.environ.get(API_KEY_ENV),
-                     args.max_waiting_requests, args.drain_timeout, args.stream_interval)
+    api_key = args.api_key or os.environ.get(API_KEY_ENV)
+    if use_engine_process(args.engine_process, config.device):
+        app = create_process_app(config, args.served_model_name, api_key, args.max_waiting_requests,
+                                 args.drain_timeout, args.stream_interval)
+    else:
+        app = create_app(LLM(config=config), args.served_model_name, api_key, args.max_waiting_requests,
+                         args.drain_timeout, args.stream_interval)
     backends = app.state.serve.backends
     print(f"nanocore serve: {app.state.serve.served_model_name} on http://{args.host}:{args.port}/v1 "
           f"({', '.join(f'{k}={v}' for k, v in backends.items())})", flush=True)
     serve(app, args.host, args.port, args.drain_timeout, args.log_level)
     return 0
+
+
+def use_engine_process(choice: str, device: str) -> bool:
+    if choice != "auto":
+        return choice == "on"
+    if device == "auto":
+        import torch
+        return torch.cuda.is_available()
+    return device.startswith("cuda")

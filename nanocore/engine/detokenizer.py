@@ -65,3 +65,20 @@ def decode_output(tokenizer, token_ids: list[int], skip_special_tokens: bool = T
     if tokenizer is None:
         return ""
     return tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+
+def encode_prompt(tokenizer, prompt: str) -> list[int]:
+    """Token ids of a text prompt; a clear error for a model without a tokenizer."""
+    if tokenizer is None:
+        raise ValueError("this model has no tokenizer; pass prompts as lists of token ids")
+    return tokenizer.encode(prompt)
+
+
+def chat_prompt_ids(tokenizer, conversation, add_generation_prompt: bool = True,
+                    chat_template_kwargs: dict | None = None) -> list[int]:
+    """Token ids of ``conversation`` through the tokenizer's chat template."""
+    if tokenizer is None or not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model's tokenizer has no chat template; use generate() with plain prompts")
+    text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
+                                         **(chat_template_kwargs or {}))
+    return tokenizer.encode(text, add_special_tokens=False)

@@ -7,6 +7,7 @@ from typing import Any, Iterator, Sequence as Seq
 from tqdm.auto import tqdm
 
 from nanocore.config import EngineConfig
+from nanocore.engine.detokenizer import chat_prompt_ids
 from nanocore.engine.llm_engine import LLMEngine
 from nanocore.engine.outputs import EngineStats, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
@@ -64,12 +65,7 @@ class LLM:
 
     def apply_chat_template(self, conversation: Conversation, add_generation_prompt: bool = True,
                             chat_template_kwargs: dict | None = None) -> list[int]:
-        tokenizer = self.engine.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ValueError("this model's tokenizer has no chat template; use generate() with plain prompts")
-        text = tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                             **(chat_template_kwargs or {}))
-        return tokenizer.encode(text, add_special_tokens=False)
+        return chat_prompt_ids(self.engine.tokenizer, conversation, add_generation_prompt, chat_template_kwargs)
 
     def _run(self, request_ids: list[str], use_tqdm: bool) -> list[RequestOutput]:
         results: dict[str, RequestOutput] = {}

@@ -10,7 +10,7 @@ import torch
 
 from nanocore.config import EngineConfig
 from nanocore.engine.block_manager import BlockManager
-from nanocore.engine.detokenizer import IncrementalDetokenizer, decode_output
+from nanocore.engine.detokenizer import IncrementalDetokenizer, decode_output, encode_prompt
 from nanocore.engine.host_transfer import upload
 from nanocore.engine.lookahead import Lookahead, allocate_lookahead, lookahead_rows
 from nanocore.engine.model_runner import ModelRunner
@@ -107,9 +107,7 @@ class LLMEngine:
 
     # ---- requests ------------------------------------------------------------------------
     def tokenize(self, prompt: str) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer; pass prompts as lists of token ids")
-        return self.tokenizer.encode(prompt)
+        return encode_prompt(self.tokenizer, prompt)
 
     def add_request(self, prompt: str | list[int], sampling_params: SamplingParams | None = None,
                     request_id: str | None = None, stream: bool = False) -> Request:

@@ -13,6 +13,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 import nanocore
+from nanocore.engine.detokenizer import chat_prompt_ids, encode_prompt
 from nanocore.serve.async_engine import AsyncEngine
 from nanocore.serve.generation import generate
 from nanocore.serve.metrics import CONTENT_TYPE
@@ -23,12 +24,16 @@ logger = logging.getLogger("nanocore.serve")
 
 
 class ServerState:
-    """What the routes need: the engine front, the served name, the API key and the backends in use."""
+    """What the routes need: the engine front (in this process or another), the served name, the API key.
 
-    def __init__(self, front: AsyncEngine, served_model_name: str, api_key: str | None, backends: dict[str, str],
+    ``front`` is an ``AsyncEngine`` or an ``EngineProcessFront``: both have ``submit`` / ``abort`` / ``close``,
+    ``info`` (``engine_info.describe``), ``tokenizer`` and ``render_metrics``."""
+
+    def __init__(self, front: AsyncEngine, served_model_name: str | None, api_key: str | None,
                  drain_timeout_s: float = 30.0):
-        self.front, self.served_model_name, self.api_key = front, served_model_name, api_key
-        self.backends, self.drain_timeout_s = backends, drain_timeout_s
+        self.front, self.served_model_name = front, served_model_name or front.info["model"]
+        self.api_key, self.drain_timeout_s = api_key, drain_timeout_s
+        self.backends = front.info["backends"]
         self.created = int(time.time())
 
     def check_model(self, model: str | None) -> None:
@@ -41,21 +46,22 @@ class ServerState:
         if not isinstance(prompt, str):
             return list(prompt)
         try:
-            return self.front.engine.tokenize(prompt)
+            return encode_prompt(self.front.tokenizer, prompt)
         except ValueError as exc:
             raise bad_request(f"{exc}", "prompt") from None
 
     def chat_prompt(self, body: ChatCompletionRequest) -> list[int]:
         messages = [m.template_dict() for m in body.messages]
         try:
-            return self.front.llm.apply_chat_template(messages, body.add_generation_prompt, body.chat_template_kwargs)
+            return chat_prompt_ids(self.front.tokenizer, messages, body.add_generation_prompt,
+                                   body.chat_template_kwargs)
         except ValueError as exc:
             raise bad_request(str(exc), "messages") from None
         except Exception as exc:  # a template that rejects these messages (roles, order)
             raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
 
     def check_n(self, n: int) -> None:
-        limit = self.front.engine.config.max_num_seqs
+        limit = self.front.info["max_num_seqs"]
         if n > limit:
             raise bad_request(f"n = {n} is more samples than the server runs at once (max_num_seqs = {limit})", "n")
 
@@ -114,20 +120,19 @@ def add_info_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.get("/version")
     async def version():
-        engine = state.front.engine
-        return {"version": nanocore.__version__, "model": engine.config.model, "device": str(engine.device),
+        info = state.front.info
+        return {"version": nanocore.__version__, "model": info["model"], "device": info["device"],
                 "served_model_name": state.served_model_name, "backends": state.backends,
-                "vocab_size": getattr(engine.loaded.hf_config, "vocab_size", None),
-                "max_model_len": engine.max_model_len}
+                "vocab_size": info["vocab_size"], "max_model_len": info["max_model_len"]}
 
     @app.get("/metrics")
     async def metrics():
-        return Response(state.front.metrics.render(), media_type=CONTENT_TYPE)
+        return Response(await state.front.render_metrics(), media_type=CONTENT_TYPE)
 
     @app.get("/v1/models", dependencies=[Depends(require_api_key)])
     async def models():
         card = {"id": state.served_model_name, "object": "model", "created": state.created, "owned_by": "nanocore",
-                "root": state.front.engine.config.model, "max_model_len": state.front.engine.max_model_len}
+                "root": state.front.info["model"], "max_model_len": state.front.info["max_model_len"]}
         return {"object": "list", "data": [card]}
 
 

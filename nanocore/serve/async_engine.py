@@ -1,8 +1,9 @@
 """AsyncEngine: one thread steps ``LLMEngine`` while HTTP requests come and go (continuous batching).
 
 The asyncio side only enqueues commands (add, abort) and reads per-request queues; the loop thread owns the
-engine, so no engine state is touched from two threads. One step's updates reach the event loop in one
-``call_soon_threadsafe`` call.
+engine, so no engine state is touched from two threads. Results leave the loop thread through a sink: in this
+process (``LoopSink``) one step's updates reach each event loop in one ``call_soon_threadsafe`` call; in an
+engine process (``engine_process.py``) they go down a pipe to the HTTP process.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 
 from nanocore.engine.llm import LLM
 from nanocore.engine.sampling_params import SamplingParams
+from nanocore.serve.engine_info import describe
 from nanocore.serve.metrics import ServerMetrics
 from nanocore.serve.protocol import APIError
 from nanocore.serve.request_state import RequestUpdate, TrackedRequest, merge_updates
@@ -29,7 +31,7 @@ IDLE_WAIT_S = 0.5  # an idle loop re-checks its stop flag this often
 
 class AsyncEngine:
     def __init__(self, llm: LLM, max_waiting_requests: int = 1024, metrics: ServerMetrics | None = None,
-                 stream_interval: int = 1):
+                 stream_interval: int = 1, sink=None):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1 (tokens per streamed chunk), got {stream_interval}")
         self.llm = llm
@@ -37,6 +39,9 @@ class AsyncEngine:
         self.max_waiting_requests = max_waiting_requests
         self.stream_interval = stream_interval
         self.metrics = metrics or ServerMetrics()
+        self.info = describe(llm)  # what the routes report (/version, /v1/models) and check (max_num_seqs)
+        self.tokenizer = self.engine.tokenizer
+        self._sink = sink or LoopSink()
         self._commands: deque = deque()  # ("add", TrackedRequest) / ("abort", request_id), from any thread
         self._wake = threading.Event()
         self._tracked: dict[str, TrackedRequest] = {}  # loop thread only
@@ -80,7 +85,16 @@ class AsyncEngine:
         except asyncio.CancelledError:
             self.abort(tracked.request_id)
             raise
-        return RequestStream(self, tracked)
+        return RequestStream(self, tracked.request_id, tracked.queue)
+
+    def add_tracked(self, tracked: TrackedRequest) -> None:
+        """Queue a request built elsewhere (an engine process: the HTTP process checked the limits)."""
+        with self._lock:
+            self._num_waiting += 1
+            self._send_command(("add", tracked))
+
+    async def render_metrics(self) -> bytes:
+        return self.metrics.render()
 
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks (thread-safe; a finished or unknown id is ignored)."""
@@ -133,13 +147,14 @@ class AsyncEngine:
             commands, self._commands = list(self._commands), deque()
         for kind, payload in commands:
             if kind == "add":
-                self._count_started()
-                _call_soon(payload.loop, _settle, payload.accepted,
-                           APIError(503, message, type="server_error", code="service_unavailable"))
+                self._count_started(payload)
+                self._sink.accepted(payload, APIError(503, message, type="server_error", code="service_unavailable"))
         for request_id in list(self._tracked):
             self._fail(request_id, message, status=503)
 
     def _apply_commands(self) -> None:
+        if not self._commands:
+            return
         while self._commands:
             kind, payload = self._commands.popleft()
             if kind == "add":
@@ -149,6 +164,7 @@ class AsyncEngine:
                     self._fail(request_id, payload, status=503)
             elif payload in self._tracked:
                 self._remove(payload, abort=True)
+        self.metrics.record_step(self.engine, self._num_waiting)  # an abort on an idle engine frees blocks too
 
     def _add(self, tracked: TrackedRequest) -> None:
         try:
@@ -156,11 +172,11 @@ class AsyncEngine:
             tracked.engine_request = self.engine.add_request(tracked.prompt_token_ids, tracked.params,
                                                              request_id=tracked.request_id, stream=tracked.streaming)
         except Exception as exc:  # a rejected prompt must not stop the loop
-            self._count_started()
-            _call_soon(tracked.loop, _settle, tracked.accepted, exc)
+            self._count_started(tracked)
+            self._sink.accepted(tracked, exc)
             return
         self._tracked[tracked.request_id] = tracked
-        _call_soon(tracked.loop, _settle, tracked.accepted, None)
+        self._sink.accepted(tracked, None)
 
     def _step(self) -> None:
         try:
@@ -173,7 +189,7 @@ class AsyncEngine:
             return
         now = time.perf_counter()
         outputs = {o.request_id: o for o in finished}
-        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        ready = []
         for request_id, tracked in list(self._tracked.items()):
             try:
                 update = self._collect(tracked, outputs.get(request_id), now)
@@ -182,16 +198,16 @@ class AsyncEngine:
                 self._fail(request_id, f"building the output failed: {exc}")
                 continue
             if update is not None and update.worth_sending:
-                batches.setdefault(tracked.loop, []).append((tracked.queue, update))
+                ready.append((tracked, update))
                 if update.finished:
                     self._remove(request_id, abort=update.error is not None)
-        for loop, items in batches.items():
-            _call_soon(loop, _deliver, items)
+        if ready:
+            self._sink.deliver(ready)
         self.metrics.record_step(self.engine, self._num_waiting)
 
     def _collect(self, tracked: TrackedRequest, output, now: float) -> RequestUpdate | None:
         if not tracked.started and tracked.has_started():
-            self._count_started()
+            self._count_started(tracked)
         update = tracked.collect(self.engine, output)
         if update is not None and update.new_tokens:
             ttft, gap = tracked.mark_tokens(now)
@@ -201,14 +217,16 @@ class AsyncEngine:
             self.metrics.record_finished(reasons, now - tracked.arrival_time)
         return update
 
-    def _count_started(self) -> None:
+    def _count_started(self, tracked: TrackedRequest) -> None:
+        """``tracked`` no longer waits: admitted to a step, refused, or removed before it ran."""
         with self._lock:
             self._num_waiting -= 1
+        self._sink.started(tracked)
 
     def _remove(self, request_id: str, abort: bool) -> None:
         tracked = self._tracked.pop(request_id)
         if not tracked.started:
-            self._count_started()
+            self._count_started(tracked)
         if abort:
             try:
                 self.engine.abort_request(request_id)
@@ -220,20 +238,35 @@ class AsyncEngine:
         if tracked is None:
             return
         self._remove(request_id, abort=True)
-        update = RequestUpdate(finished=True, error=message, status=status)
-        _call_soon(tracked.loop, _deliver, [(tracked.queue, update)])
+        self._sink.deliver([(tracked, RequestUpdate(finished=True, error=message, status=status))])
+
+
+class LoopSink:
+    """Results of the loop thread to the asyncio side of this process: each request's event loop and queue."""
+
+    def accepted(self, tracked: TrackedRequest, exc: BaseException | None) -> None:
+        _call_soon(tracked.loop, _settle, tracked.accepted, exc)
+
+    def deliver(self, ready: list[tuple[TrackedRequest, RequestUpdate]]) -> None:
+        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        for tracked, update in ready:
+            batches.setdefault(tracked.loop, []).append((tracked.queue, update))
+        for loop, items in batches.items():  # one hand-over per event loop per step
+            _call_soon(loop, _deliver, items)
+
+    def started(self, tracked: TrackedRequest) -> None:
+        pass  # the AsyncEngine counts its own waiting requests
 
 
 class RequestStream:
     """The asyncio side of one request: iterate its (merged) updates; closing early aborts it."""
 
-    def __init__(self, front: AsyncEngine, tracked: TrackedRequest):
-        self.front, self.tracked = front, tracked
-        self.request_id = tracked.request_id
+    def __init__(self, front, request_id: str, queue: asyncio.Queue):
+        self.front, self.request_id, self.queue = front, request_id, queue
         self.finished = False
 
     async def updates(self) -> AsyncIterator[RequestUpdate]:
-        queue = self.tracked.queue
+        queue = self.queue
         try:
             while not self.finished:
                 pending = [await queue.get()]

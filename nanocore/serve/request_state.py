@@ -51,15 +51,15 @@ class TrackedRequest:
     """Owned by the engine loop thread once added; it hands updates to the asyncio side through ``queue``."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop, streaming: bool, stream_interval: int = 1):
+                 loop: asyncio.AbstractEventLoop | None, streaming: bool, stream_interval: int = 1):
         self.request_id = request_id
         self.streaming = streaming  # build deltas as tokens come (else only the final output)
         self.stream_interval = stream_interval  # tokens per delta after the first one (fewer, larger chunks)
         self.prompt_token_ids = prompt_token_ids
         self.params = params
-        self.loop = loop
-        self.queue: asyncio.Queue[RequestUpdate] = asyncio.Queue()
-        self.accepted: asyncio.Future = loop.create_future()
+        self.loop = loop  # None in an engine process: the HTTP process holds the queue and the future
+        self.queue: asyncio.Queue[RequestUpdate] | None = asyncio.Queue() if loop is not None else None
+        self.accepted: asyncio.Future | None = loop.create_future() if loop is not None else None
         self.engine_request = None  # the engine's Request, once the loop thread added it
         self.num_seen = [0] * params.n  # output tokens per sample at the last step (times TTFT / ITL)
         self.num_sent = [0] * params.n  # output tokens per sample already in a delta

@@ -12,9 +12,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from nanocore.engine.llm import LLM
-from nanocore.engine.workers import backend_names
 from nanocore.serve.api import ServerState, build_app
 from nanocore.serve.async_engine import AsyncEngine
+from nanocore.serve.engine_info import backends_in_use  # noqa: F401  (re-exported: its old home)
 
 #: The engine thread waits for the GPU with the GIL released; when the wait ends it must get the GIL back from
 #: the HTTP thread within about this long (Python's default, 5 ms, can idle the GPU for a whole decode step).
@@ -22,21 +22,22 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 SHUTDOWN_BACKSTOP_S = 10.0  # uvicorn cancels what is left this long after the drain timeout
 
 
-def backends_in_use(engine) -> dict[str, str | None]:
-    """Each kind's backend as resolved ('auto' replaced by what it chose); moe_executor is None for a dense model."""
-    names = backend_names(engine.loaded, engine.runner.codec)
-    names["prefix_cache"] = engine.block_manager.prefix_cache.name
-    names["scheduler_policy"] = engine.scheduler.policy_name
-    return names
-
-
 def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | None = None,
                max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1) -> FastAPI:
     """The app with its engine loop already running (it stops at the app's shutdown)."""
     front = AsyncEngine(llm, max_waiting_requests=max_waiting_requests, stream_interval=stream_interval)
-    state = ServerState(front, served_model_name or llm.config.model, api_key, backends_in_use(llm.engine),
-                        drain_timeout_s)
-    return build_app(state)
+    return build_app(ServerState(front, served_model_name, api_key, drain_timeout_s))
+
+
+def create_process_app(config, served_model_name: str | None = None, api_key: str | None = None,
+                       max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1,
+                       log_level: str = "info") -> FastAPI:
+    """The app over an engine in its own process (``engine_process.py``): HTTP and engine do not share a GIL."""
+    from nanocore.serve.engine_process import EngineProcessFront
+
+    front = EngineProcessFront(config, max_waiting_requests=max_waiting_requests, stream_interval=stream_interval,
+                               log_level=log_level)
+    return build_app(ServerState(front, served_model_name, api_key, drain_timeout_s))
 
 
 def serve(app: FastAPI, host: str, port: int, drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
