@@ -124,6 +124,36 @@ def test_unquantized_cache_gives_the_same_result_either_way():
     assert torch.equal(paged_attention_reference(q, k_new, v_new, cache, meta, 0.125), ref)
 
 
+@pytest.mark.parametrize("path", [None, "fp16_vw"])
+@pytest.mark.parametrize("name", CODECS)
+def test_first_chunks_only_never_read_the_cache(name, path):
+    """A batch of fresh prompts runs the bf16 cache's kernel whatever the codec: the same output, bit for bit."""
+    specs, config = [(24, 24), (17, 17), (5, 5)], AttentionConfig(32, 16, 4, 1, quant_path=path)
+    q, k_new, v_new, cache, meta = stored_case(make_codec(name), specs, torch.float16, seed=5)
+    out = paged_attention(q, k_new, v_new, cache, meta, 0.125, layout=meta.codec.layout(torch.float16), config=config)
+    assert rel(out, paged_attention_reference(q, k_new, v_new, cache, meta, 0.125)) < 1e-2
+    q, k_new, v_new, cache, meta = stored_case(UnquantizedKVCodec(), specs, torch.float16, seed=5)
+    assert torch.equal(out, paged_attention(q, k_new, v_new, cache, meta, 0.125, config=config))
+    meta.kv_from_cache = True  # the same batch through the cache takes the cache walk, and matches too
+    assert rel(paged_attention(q, k_new, v_new, cache, meta, 0.125, config=config), out) < 1e-3
+
+
+def test_only_a_batch_of_first_chunks_skips_the_cache_walk():
+    from nanocore.kernels.paged_attention import _reads_cache
+
+    def meta(query_lens, seq_lens):  # only the host lists matter
+        return AttentionMetadata(None, None, None, None, max(query_lens), max(seq_lens),
+                                 query_lens_cpu=query_lens, seq_lens_cpu=seq_lens)
+    assert not _reads_cache(True, meta([24, 17], [24, 17]))
+    assert _reads_cache(True, meta([24, 17], [24, 40]))  # a cached prefix
+    assert _reads_cache(True, meta([24, 1], [24, 1]))  # a one-token prompt reads itself from the cache
+    assert _reads_cache(True, meta([24, 0], [24, 9]))  # a row with no query still has cached tokens
+    assert _reads_cache(False, meta([24, 17], [24, 17]))  # not fresh: everything comes from the cache
+    no_host_lists = meta([24], [24])
+    no_host_lists.query_lens_cpu = None
+    assert _reads_cache(True, no_host_lists)
+
+
 def test_k_new_in_another_float_dtype_or_strided_is_read_as_is():
     codec = make_codec("int8")
     q, k_new, v_new, cache, meta = stored_case(codec, SPECS, torch.float16, seed=4)

@@ -73,6 +73,12 @@ def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
     return True, contiguous(k_new), contiguous(v_new)
 
 
+def _reads_cache(fresh: bool, meta) -> bool:
+    """False only for a batch of first chunks of 2+ tokens read fresh: no position comes from the cache."""
+    query_lens, seq_lens = meta.query_lens_cpu, meta.seq_lens_cpu
+    return not fresh or query_lens is None or query_lens != seq_lens or min(query_lens) < 2
+
+
 def _num_splits(cfg: AttentionConfig, meta, programs: int, num_q_tiles: int, q: torch.Tensor) -> int:
     """KV splits: the config's, else the heuristic's for decode-shaped grids on CUDA."""
     if cfg.num_splits:
@@ -95,13 +101,15 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_tokens, num_q_heads, head_dim = q.shape
     k, v, ks, vs, codes, groups, page = _layout_args(cache, layout, k_new, v_new)
     fresh, kn, vn = _fresh_kv(q, k_new, v_new, cache, meta)
+    cached = _reads_cache(fresh, meta)
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     kv_itemsize = max(k.element_size(), v.element_size())
     path = (config.quant_path if config is not None else None) or default_quant_path()
     cfg = config or default_config(meta.max_query_len, group, head_dim, kv_itemsize,
                                    k_grouped=codes[0] == SCALE_CODES["group"], quant_path=path)
-    narrow = narrow_constexprs(path, q, k, v, ks, vs, codes, groups[0], head_dim)
+    # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
+    narrow = narrow_constexprs(path if cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
     k = k.view(torch.int32) if narrow["WORDS"] == 2 else k
     scale_strides = (ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1))
@@ -130,7 +138,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
         stride_bt, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m,
         BLOCK_Q=block_q, BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, FRESH=fresh,
-        K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1], SPLIT=splits > 1,
+        CACHED=cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1], SPLIT=splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )

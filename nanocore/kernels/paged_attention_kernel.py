@@ -9,7 +9,9 @@ to fp16 with integer bit tricks and multiplied in fp16 ("fp16*", ``narrow_attent
 lower-right: query ``i`` of a sequence with ``seq_len`` L and query length lq sits at position ``L - lq + i``.
 With ``FRESH`` a chunk of 2+ tokens reads its own positions ``[L - lq, L)`` from ``k_new``/``v_new`` (the
 step's K/V in the model dtype, no codec round trip) after the cached ones; a decode row reads its one new
-token back from the cache (a separate tile for one key would cost every decode program a tile).
+token back from the cache (a separate tile for one key would cost every decode program a tile). A batch of
+first chunks only (no cached position: ``CACHED`` False) compiles without the cache walk, so a fresh prompt's
+prefill with a codec runs the same code as with a bf16 cache.
 When few programs would cover long contexts, the KV range is split over a third grid axis and a reduction
 kernel merges the partials.
 """
@@ -184,8 +186,9 @@ def paged_attention_kernel(
     stride_ot, stride_oh, stride_bt,
     GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    PAGED: tl.constexpr, FRESH: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
-    K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, SPLIT: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PAGED: tl.constexpr, FRESH: tl.constexpr, CACHED: tl.constexpr, K_SCALE: tl.constexpr,
+    V_SCALE: tl.constexpr, K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
@@ -231,15 +234,16 @@ def paged_attention_kernel(
     m_i = tl.full([BLOCK_M], _NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
-    lo, hi = tl.minimum(t_lo, cache_tiles), tl.minimum(t_hi, cache_tiles)
-    full = _clamp(tl.minimum(cache_end, first_pos + 1) // BLOCK_N, lo, hi)
-    acc, m_i, l_i = _attend_tiles(
-        acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, kvh, d, lo, full, hi, 0, cache_end,
-        k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
-        stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
-        BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, K_SCALE, V_SCALE, K_GROUP, V_GROUP, HEAD_DIM, D_MASKED,
-        DOT_PRECISION, FOLD, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
-        VS_HALVES, KS_NUM_PAD, WORDS, HEAD_DIM_PAD)
+    if CACHED:  # not CACHED: first chunks only (cache_end is 0), the codec's walk is not even compiled in
+        lo, hi = tl.minimum(t_lo, cache_tiles), tl.minimum(t_hi, cache_tiles)
+        full = _clamp(tl.minimum(cache_end, first_pos + 1) // BLOCK_N, lo, hi)
+        acc, m_i, l_i = _attend_tiles(
+            acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, kvh, d, lo, full, hi, 0, cache_end,
+            k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
+            stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
+            BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, K_SCALE, V_SCALE, K_GROUP, V_GROUP, HEAD_DIM, D_MASKED,
+            DOT_PRECISION, FOLD, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
+            VS_HALVES, KS_NUM_PAD, WORDS, HEAD_DIM_PAD)
     if FRESH:  # the chunk's own K/V in the model dtype: no scales, rows q_start + (position - cache_end)
         lo, hi = tl.maximum(t_lo - cache_tiles, 0), tl.maximum(t_hi - cache_tiles, 0)
         full = _clamp((tl.minimum(kv_end, first_pos + 1) - cache_end) // BLOCK_N, lo, hi)
