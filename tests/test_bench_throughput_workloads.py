@@ -57,6 +57,16 @@ def test_kv_report_on_a_cache_too_small_for_the_batch():
     assert 0 < result.peak_kv_usage < 0.5 and result.kv_capacity_tokens == 1024
 
 
+def test_kv_bound_engine_fields_yield_to_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("NANOCORE_MAX_NUM_SEQS", "7")
+    out = tmp_path / "kv.json"
+    assert main(["bench", "throughput", "--workload", "kv-bound", "--model", "dummy:tiny-qwen2", "--device", "cpu",
+                 "--num-seqs", "2", "--min-len", "4", "--max-len", "6", "--min-output-len", "2",
+                 "--max-output-len", "3", "--num-kv-blocks", "32", "--warmup", "none", "--json", str(out)]) == 0
+    config = json.loads(out.read_text())["config"]
+    assert config["max_num_seqs"] == 7 and config["max_model_len"] == 4096
+
+
 def test_cli_kv_bound_writes_the_kv_report(tmp_path, capsys):
     out = tmp_path / "kv.json"
     code = main(["bench", "throughput", "--workload", "kv-bound", "--model", "dummy:tiny-qwen2", "--device", "cpu",

@@ -54,7 +54,10 @@ def run_throughput_cmd(args) -> int:
     from nanocore.engine.llm import LLM
 
     batch, engine_fields = throughput_workload(args)
-    config = engine_config_from_args(args, **engine_fields)
+    config = engine_config_from_args(args)
+    preset = {k: v for k, v in engine_fields.items() if k not in config.model_fields_set}  # file / env win too
+    if preset:
+        config = engine_config_from_args(args, **preset)
     llm = LLM(config=config)
     result = run_throughput(llm, batch["num_seqs"], batch["min_len"], batch["max_len"], args.temperature,
                             args.workload_seed, warmup=args.warmup, use_tqdm=args.progress,
