@@ -10,6 +10,7 @@ import threading
 import time
 
 import httpx
+import pytest
 
 from nanocore.cli.main import main
 from nanocore.serve.server import free_port
@@ -41,17 +42,20 @@ def read_stream(url: str, max_tokens: int, results: list) -> None:
         results.append(f"closed: {type(exc).__name__}")
 
 
-def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path):
+@pytest.mark.parametrize("engine_process", ["off", "on"])
+def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path, engine_process):
     """--kv-codec int8 (flag), scheduler_policy (TOML), prefix_cache (env) reach /version. On SIGTERM a short stream
     finishes, one longer than --drain-timeout ends with an error event, and the process ends (uvicorn re-raises
-    the signal after its graceful shutdown)."""
+    the signal after its graceful shutdown); with --engine-process on the SIGTERM goes to the whole process group,
+    as a terminal's Ctrl-C or systemd would send it, and the engine child leaves the drain to the HTTP process."""
     config = tmp_path / "engine.toml"
     config.write_text('scheduler_policy = "decode_first"\nnum_kv_blocks = 512\n')
     port = free_port()
     env = {**os.environ, "NANOCORE_PREFIX_CACHE": "radix"}
     proc = subprocess.Popen([*CLI, "serve", *TINY, "--kv-codec", "int8", "--config", str(config), "--port", str(port),
-                             "--drain-timeout", "4", "--log-level", "warning"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                             "--drain-timeout", "4", "--log-level", "warning", "--engine-process", engine_process],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                            start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
@@ -63,7 +67,7 @@ def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path):
         for reader in readers:
             reader.start()
         assert wait_until(lambda: short and long)
-        proc.send_signal(signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and, with --engine-process on, its engine child
         for reader in readers:
             reader.join(timeout=60)
         assert short[-1] == "[DONE]" and json.loads(short[-2])["usage"]["completion_tokens"] == 100
@@ -73,7 +77,7 @@ def test_serve_backends_from_flag_toml_env_and_sigterm_drains(tmp_path):
         assert "Traceback" not in proc.stdout.read()
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def wait_until(condition, timeout_s: float = 60) -> bool:

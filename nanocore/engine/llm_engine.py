@@ -294,11 +294,12 @@ class LLMEngine:
                                  seq.sampling_params.skip_special_tokens)
         out = CompletionOutput(seq.index, text, token_ids, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
         if seq.output_logprobs is not None:
-            out.logprobs = [self._logprob_dict(entry) for entry in seq.output_logprobs]
+            out.logprobs = [self.logprob_dict(entry) for entry in seq.output_logprobs]
             out.cumulative_logprob = sum(entry[1][0] for entry in seq.output_logprobs)
         return out
 
-    def _logprob_dict(self, entry: tuple[list[int], list[float], int]) -> dict[int, Logprob]:
+    def logprob_dict(self, entry: tuple[list[int], list[float], int]) -> dict[int, Logprob]:
+        """One sampled position's (ids, logprobs, rank of the sampled id) as {token id: Logprob}, decoded."""
         ids, lps, sampled_rank = entry
         decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None else (lambda t: None)
         out = {ids[0]: Logprob(lps[0], sampled_rank, decode(ids[0]))}

@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import logging
 import multiprocessing
+import signal
 import threading
 import uuid
 
@@ -76,6 +77,9 @@ def child_main(config, commands, out, stream_interval: int, log_level: str) -> N
     from nanocore.serve.async_engine import AsyncEngine
     from nanocore.serve.request_state import TrackedRequest
 
+    # Ctrl-C / a service manager's SIGTERM reach the whole process group: the HTTP process drains, then closes us
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("nanocore").setLevel(log_level.upper())
     sink = PipeSink(out)

@@ -100,7 +100,7 @@ class TrackedRequest:
     def _delta(engine, seq, detokenizer, sent: int) -> SampleDelta:
         logprobs = None
         if seq.output_logprobs is not None:
-            logprobs = [engine._logprob_dict(entry) for entry in seq.output_logprobs[sent:]]
+            logprobs = [engine.logprob_dict(entry) for entry in seq.output_logprobs[sent:]]
         text = detokenizer.stream_delta(seq.is_finished) if detokenizer is not None else ""
         return SampleDelta(seq.index, text, seq.token_ids[seq.num_prompt_tokens + sent:], logprobs,
                            seq.finish_reason, seq.stop_reason)
