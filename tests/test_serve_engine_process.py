@@ -124,3 +124,37 @@ def test_a_child_that_cannot_start_is_a_clear_error():
 def test_engine_process_auto_is_on_for_gpus_only():
     assert use_engine_process("on", "cpu") and not use_engine_process("off", "cuda")
     assert use_engine_process("auto", "cuda:1") and not use_engine_process("auto", "cpu")
+
+
+def test_tensor_parallel_engine_process_serves():
+    """The engine child starts its own tensor-parallel worker (a daemonic child could not)."""
+    app = create_process_app(tiny_config(tensor_parallel_size=2, num_kv_blocks=64))
+    with ServerThread(app) as url:
+        got = openai_client(url).completions.create(model=MODEL, prompt=PROMPTS[0], max_tokens=6, temperature=0,
+                                                    logprobs=0, extra_body={"ignore_eos": True})
+    expected = tiny_llm(tensor_parallel_size=2, num_kv_blocks=64).generate(
+        [PROMPTS[0]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
+    assert got.choices[0].logprobs.tokens == [f"token_id:{t}" for t in expected[0].outputs[0].token_ids]
+    assert not app.state.serve.front.is_alive
+
+
+EXIT_WITHOUT_CLOSE = """
+import os, sys
+from nanocore.config import EngineConfig
+from nanocore.serve.engine_process import EngineProcessFront
+if __name__ == "__main__":
+    front = EngineProcessFront(EngineConfig(model="dummy:tiny-qwen2", device="cpu", num_kv_blocks=32))
+    print(front._process.pid, flush=True)
+"""
+
+
+def test_the_engine_child_stops_when_its_parent_exits_without_closing(tmp_path):
+    import subprocess
+
+    from spawn_helpers import wait_until_gone
+
+    script = tmp_path / "leave.py"
+    script.write_text(EXIT_WITHOUT_CLOSE)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert wait_until_gone(int(done.stdout.split()[-1]), timeout_s=30)

@@ -12,6 +12,7 @@ Messages child -> HTTP: ``(kind, payload, started_ids)``; ``started_ids`` are re
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import logging
 import multiprocessing
@@ -127,11 +128,14 @@ class EngineProcessFront:
         context = multiprocessing.get_context("spawn")
         child_commands, self._commands = context.Pipe(duplex=False)
         self._out, child_out = context.Pipe(duplex=False)
-        self._process = context.Process(target=child_main, name="nanocore-engine", daemon=True,
+        # not a daemon: a daemonic process may not start the tensor-parallel workers; it stops when its command
+        # pipe closes instead (close(), or this process exiting: the atexit hook, or being killed)
+        self._process = context.Process(target=child_main, name="nanocore-engine", daemon=False,
                                         args=(config, child_commands, child_out, stream_interval, log_level))
         self._process.start()
         child_commands.close()
         child_out.close()
+        atexit.register(self._commands.close)  # runs before multiprocessing joins its children at exit
         self.max_waiting_requests = max_waiting_requests
         self.info, self.tokenizer = self._wait_ready()
         self._requests: dict[str, _Handle] = {}
@@ -220,6 +224,8 @@ class EngineProcessFront:
             self._process.kill()
             self._process.join()
         self._reader.join(timeout=10)
+        atexit.unregister(self._commands.close)
+        self._commands.close()
 
     def _send(self, command) -> None:
         """Caller holds ``_lock``; a dead child is ignored here (the reader fails what was in flight)."""
