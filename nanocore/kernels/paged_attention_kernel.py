@@ -176,7 +176,9 @@ def _clamp(x, lo, hi):
     return tl.maximum(tl.minimum(x, hi), lo)
 
 
-@triton.jit
+# per-batch integers (q tiles and KV splits per step, block-table width) are not specialised on: a new batch
+# shape must not cost a compile mid-serving (issue 19); only the constexprs pick a variant
+@triton.jit(do_not_specialize=["num_q_tiles", "num_splits", "stride_bt"])
 def paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kn_ptr, vn_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
     query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
@@ -267,7 +269,7 @@ def paged_attention_kernel(
                  out.to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])  # SPLITS_PAD picks the variant, the count itself varies per step
 def _merge_splits_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
                          HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
     tok = tl.program_id(0).to(tl.int64)

@@ -15,7 +15,7 @@ MAX_TILE = 8192  # longest row held in registers; longer rows loop over chunks i
 LOOP_BLOCK = 4096
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_rows"])  # rows = tokens of the step: no compile per batch size
 def _rms_norm_tile_kernel(
     x_ptr, r_ptr, w_ptr, out_ptr, res_out_ptr,
     num_rows, B, x_stride_a, x_stride_b, r_stride_a, r_stride_b, N, eps,

@@ -248,7 +248,7 @@ if triton is not None:
                     total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
                 tl.store(out, total.to(y_ptr.dtype.element_ty), mask=mask)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _wo_splitk_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
                           stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, W_KIND: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -283,7 +283,7 @@ if triton is not None:
         size_m = min(grid_m - first_m, GROUP_M)
         return first_m + (pid % (GROUP_M * grid_n)) % size_m, (pid % (GROUP_M * grid_n)) // size_m
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _weight_gemm_kernel(x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
                             HAS_BIAS: tl.constexpr, A_INT8: tl.constexpr, W_KIND: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,

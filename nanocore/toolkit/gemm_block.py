@@ -137,7 +137,7 @@ def block_scaled_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tens
 
 
 if triton is not None:
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _block_scaled_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
                              stride_xm, stride_wn, stride_sn, stride_ym, HAS_BIAS: tl.constexpr,
                              W_KIND: tl.constexpr, SCALE_BN: tl.constexpr, SCALE_BK: tl.constexpr,

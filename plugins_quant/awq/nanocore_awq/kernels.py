@@ -117,7 +117,7 @@ if triton is not None:
         packed = tl.load(qw_ptr + ks[:, None] * stride_qk + offs_c[None, :], mask=mask, other=0)
         return _magic_float((packed[:, :, None] >> _nibble_shifts()[None, None, :]) & 0xF)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _awq_splitk_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
                            stride_xm, stride_qk, stride_zk, stride_sk, stride_ym, HAS_BIAS: tl.constexpr,
                            GROUP_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -149,7 +149,7 @@ if triton is not None:
         offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
         splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
 
-    @triton.jit
+    @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _awq_gemm_kernel(x_ptr, qw_ptr, qz_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_qk, stride_zk,
                          stride_sk, stride_ym, HAS_BIAS: tl.constexpr, GROUP_SIZE: tl.constexpr,
                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
