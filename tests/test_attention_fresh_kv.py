@@ -139,7 +139,10 @@ def test_first_chunks_only_never_read_the_cache(name, path):
 
 
 def test_only_a_batch_of_first_chunks_skips_the_cache_walk():
-    from nanocore.kernels.paged_attention import _reads_cache
+    from nanocore.kernels.attention_config import reads_cache
+
+    def _reads_cache(fresh, meta):
+        return reads_cache(fresh, meta.query_lens_cpu, meta.seq_lens_cpu)
 
     def meta(query_lens, seq_lens):  # only the host lists matter
         return AttentionMetadata(None, None, None, None, max(query_lens), max(seq_lens),

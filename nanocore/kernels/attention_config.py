@@ -90,3 +90,40 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
         return 1
     splits = min(triton.cdiv(4 * sm_count, programs), tiles // 4, 64)
     return triton.next_power_of_2(splits) if splits > 1 else 1
+
+
+@dataclass(frozen=True)
+class AttentionChoice:
+    """What one batch selects. A compiled variant of the attention kernel is ``(config, fresh, cached,
+    splits > 1)`` (everything else is fixed per engine: layout, head shape, dtype); the merge kernel's is the
+    split count. The engine's warm-up compiles every choice reachable in serving (nanocore/engine/warmup_plan.py)."""
+
+    config: AttentionConfig
+    fresh: bool  # chunks of 2+ tokens read their own K/V from k_new / v_new
+    cached: bool  # some position is read through the cache (False: first chunks of 2+ tokens only)
+    splits: int  # KV splits (1: no split-KV, no merge kernel)
+
+
+def reads_cache(fresh: bool, query_lens: list[int] | None, seq_lens: list[int] | None) -> bool:
+    """False only for a batch of first chunks of 2+ tokens read fresh: no position comes from the cache."""
+    return not fresh or query_lens is None or query_lens != seq_lens or min(query_lens) < 2
+
+
+def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens: list[int] | None,
+                 seq_lens: list[int] | None, fresh: bool, group: int, num_kv_heads: int, head_dim: int,
+                 kv_itemsize: int, k_grouped: bool, quant_path: str, sm_count: int,
+                 config: AttentionConfig | None = None) -> AttentionChoice:
+    """The launch choices of one batch from host values only; ``sm_count`` 0 (CPU) never splits the KV range.
+
+    Every per-batch constexpr of the attention kernels comes from here, so the warm-up can enumerate them.
+    """
+    cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped,
+                                   quant_path=quant_path)
+    block_q = cfg.block_m // group
+    if block_q < 1:
+        raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
+    num_q_tiles = triton.cdiv(max(max_query_len, 1), block_q)
+    splits = cfg.num_splits or 1
+    if not cfg.num_splits and sm_count and num_q_tiles == 1:  # decode-shaped grids only
+        splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, cfg.block_n, sm_count)
+    return AttentionChoice(cfg, fresh, reads_cache(fresh, query_lens, seq_lens), splits)

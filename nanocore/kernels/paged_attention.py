@@ -13,8 +13,8 @@ import triton
 
 from nanocore.interfaces import KVCache, KVLayout
 from nanocore.kernels.attention_config import (DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE,  # noqa: F401
-                                              QUANT_PATHS, AttentionConfig, choose_num_splits, default_config,
-                                              default_quant_path)
+                                              QUANT_PATHS, AttentionConfig, batch_choice, choose_num_splits,
+                                              default_config, default_quant_path)
 from nanocore.kernels.device import sm_count
 from nanocore.kernels.narrow_attention import narrow_constexprs
 from nanocore.kernels.paged_attention_kernel import _merge_splits_kernel, paged_attention_kernel
@@ -73,21 +73,6 @@ def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
     return True, contiguous(k_new), contiguous(v_new)
 
 
-def _reads_cache(fresh: bool, meta) -> bool:
-    """False only for a batch of first chunks of 2+ tokens read fresh: no position comes from the cache."""
-    query_lens, seq_lens = meta.query_lens_cpu, meta.seq_lens_cpu
-    return not fresh or query_lens is None or query_lens != seq_lens or min(query_lens) < 2
-
-
-def _num_splits(cfg: AttentionConfig, meta, programs: int, num_q_tiles: int, q: torch.Tensor) -> int:
-    """KV splits: the config's, else the heuristic's for decode-shaped grids on CUDA."""
-    if cfg.num_splits:
-        return cfg.num_splits
-    if q.is_cuda and num_q_tiles == 1:
-        return choose_num_splits(programs, meta.max_seq_len, cfg.block_n, sm_count(q.device))
-    return 1
-
-
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None,
                     cache: KVCache | None, meta, scale: float, layout: KVLayout | None = None,
                     config: AttentionConfig | None = None) -> torch.Tensor:
@@ -101,13 +86,14 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_tokens, num_q_heads, head_dim = q.shape
     k, v, ks, vs, codes, groups, page = _layout_args(cache, layout, k_new, v_new)
     fresh, kn, vn = _fresh_kv(q, k_new, v_new, cache, meta)
-    cached = _reads_cache(fresh, meta)
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
-    kv_itemsize = max(k.element_size(), v.element_size())
     path = (config.quant_path if config is not None else None) or default_quant_path()
-    cfg = config or default_config(meta.max_query_len, group, head_dim, kv_itemsize,
-                                   k_grouped=codes[0] == SCALE_CODES["group"], quant_path=path)
+    num_seqs = meta.seq_lens.shape[0]
+    choice = batch_choice(meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu, meta.seq_lens_cpu,
+                          fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
+                          codes[0] == SCALE_CODES["group"], path, sm_count(q.device) if q.is_cuda else 0, config)
+    cfg, cached, splits = choice.config, choice.cached, choice.splits
     # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
     narrow = narrow_constexprs(path if cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
@@ -117,11 +103,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     vs = vs.reshape(-1).view(torch.int32) if narrow["VS_HALVES"] else vs
     fold, k_split = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
     block_q = cfg.block_m // group
-    if block_q < 1:
-        raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
-    num_seqs = meta.seq_lens.shape[0]
     num_q_tiles = triton.cdiv(max(meta.max_query_len, 1), block_q)
-    splits = _num_splits(cfg, meta, num_seqs * num_q_tiles * num_kv_heads, num_q_tiles, q)
     head_dim_pad = triton.next_power_of_2(head_dim)
     out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     ws_acc = ws_ml = out
