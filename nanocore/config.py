@@ -43,6 +43,8 @@ class EngineConfig(BaseModel):
     cpu_kv_cache_gib: float = Field(2.0, gt=0, le=1024, description="KV-cache memory on CPU, GiB")
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="fraction of GPU memory nanocore may use")
     enforce_eager: bool = False
+    kernel_warmup: bool = Field(True, description="compile every Triton kernel variant a serving step can select "
+                                "before the engine is ready (CUDA only; off: first-seen batch shapes compile)")
     async_scheduling: bool | None = Field(
         None, description="queue the next decode step while the host post-processes this one (default: on CUDA)")
     moe_shared_expert_overlap: bool = Field(True, description="run an MoE layer's shared expert on a side CUDA stream")

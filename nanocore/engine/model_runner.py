@@ -198,6 +198,9 @@ class ModelRunner:
         self._last_block_tables: tuple[list, list[int], np.ndarray] = ([], [], np.zeros((0, 0), dtype=np.int32))
         self._sampling_key: tuple[Sequence, ...] | None = None  # the batch that _sampling_cache was built for
         self._sampling_cache: tuple[SamplingTensors, list] | None = None
+        if device.type == "cuda" and config.kernel_warmup:  # before graph capture: eager steps' kernels too
+            from nanocore.engine.warmup import ServingLimits, run_warmup
+            run_warmup(self, ServingLimits(config.max_num_batched_tokens, config.max_num_seqs, max_model_len))
         self.decode_graphs = None
         blocker = graph_blocker(model)
         if device.type == "cuda" and not config.enforce_eager and blocker:

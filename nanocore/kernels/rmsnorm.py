@@ -94,6 +94,12 @@ def as_rows(x: torch.Tensor) -> torch.Tensor:
         return x.reshape(-1, x.shape[-2], x.shape[-1])
 
 
+def tile_rows(num_rows: int, block_n: int) -> tuple[int, int]:
+    """(rows per program, warps): ~1k elements per program; changes with ``num_rows`` only at powers of two."""
+    block_r = min(max(1024 // block_n, 1), triton.next_power_of_2(num_rows))
+    return block_r, min(max(block_r * block_n // 256, 1), 8)
+
+
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
     """Same result as ``rms_norm_reference``: ``norm(x)`` or ``(norm(x + residual), x + residual)``."""
     n = x.shape[-1]
@@ -109,8 +115,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.
     strides = (b, xv.stride(0), xv.stride(1), rv.stride(0), rv.stride(1), n, float(eps))
     block_n = triton.next_power_of_2(n)
     if block_n <= MAX_TILE:
-        block_r = min(max(1024 // block_n, 1), triton.next_power_of_2(num_rows))  # ~1k elements per program
-        warps = min(max(block_r * block_n // 256, 1), 8)
+        block_r, warps = tile_rows(num_rows, block_n)
         _rms_norm_tile_kernel[(triton.cdiv(num_rows, block_r),)](
             *args, num_rows, *strides, HAS_RESIDUAL=residual is not None, BLOCK_R=block_r, BLOCK_N=block_n,
             num_warps=warps)
