@@ -2,7 +2,7 @@
 from nanocore.interfaces.base import API_VERSION, Backend, builtin_options, check_options, choice_option
 from nanocore.interfaces.kv_codec import KVCache, KVCodec, KVLayout
 from nanocore.interfaces.linear_method import LinearMethod, set_weight_attrs
-from nanocore.interfaces.moe_executor import MoEExecutor, check_moe_shapes
+from nanocore.interfaces.moe_executor import WEIGHT_FORMATS, MoEExecutor, check_moe_shapes, moe_weight_format
 from nanocore.interfaces.prefix_cache import PrefixCache
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
 from nanocore.interfaces.scheduler_policy import (
@@ -26,6 +26,6 @@ KINDS: dict[str, tuple[type[Backend], str]] = {
 
 __all__ = [
     "API_VERSION", "Backend", "builtin_options", "check_options", "choice_option", "KVCache", "KVCodec", "KVLayout",
-    "LinearMethod", "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "PrefixCache", "QuantArgs", "QuantScheme", "ScheduleDecision",
+    "LinearMethod", "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "moe_weight_format", "WEIGHT_FORMATS", "PrefixCache", "QuantArgs", "QuantScheme", "ScheduleDecision",
     "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "add_prefill_chunks", "KINDS",
 ]
