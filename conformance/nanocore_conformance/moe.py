@@ -1,6 +1,7 @@
 """MoEExecutorConformance: ``apply`` against the ``eager`` oracle (small shapes, and batches from 1 to a few
 hundred tokens over up to 64 experts with skewed routing, crossing executors' batch-size thresholds), dropped
-slots, bad shapes."""
+slots, bad shapes; for executors declaring the ``fp8_channel`` expert weight format, the same checks with fp8
+weights + per-row scales against ``eager`` on the dequantized weights, and malformed scales."""
 from __future__ import annotations
 
 from typing import ClassVar
@@ -11,6 +12,8 @@ from hypothesis import Phase, example, given, settings
 from hypothesis import strategies as st
 
 from nanocore.builtin.eager_moe import EagerMoEExecutor
+from nanocore.interfaces import WEIGHT_FORMATS
+from nanocore.toolkit.moe_weights import dequantize_fp8_experts, quantize_fp8_experts
 from nanocore_conformance.base import (MAX_EXAMPLES, assert_close, check_tolerance_declaration, generator, randn,
                                        suite_settings)
 from nanocore_conformance.contract import BackendContractConformance
@@ -70,31 +73,62 @@ def moe_case(shape, hidden_multiple, intermediate_multiple, dtype, device, seed)
     return x, topk_weights, topk_ids.to(device), w13, w2
 
 
+def fp8_channel_case(args, seed: int):
+    """``moe_case`` args with fp8 experts: ``(fp8 args, scales kwargs, oracle args on the dequantized weights)``.
+
+    Rows are first scaled by random factors in [1/4, 4], so the per-row scales differ (a scale applied to the wrong
+    rows or columns, or one gate / up scale for both, shows)."""
+    x, topk_weights, topk_ids, w13, w2 = args
+    g = generator(seed + 1)
+
+    def row_gain(t):
+        return t.float() * torch.exp2(torch.rand(t.shape[:2], generator=g) * 4 - 2)[..., None].to(t.device)
+    q13, s13, q2, s2 = quantize_fp8_experts(row_gain(w13), row_gain(w2))
+    d13, d2 = dequantize_fp8_experts(q13, q2, s13, s2, x.dtype)
+    return (x, topk_weights, topk_ids, q13, q2), {"w13_scale": s13, "w2_scale": s2}, (x, topk_weights, topk_ids,
+                                                                                        d13, d2)
+
+
 class MoEExecutorConformance(BackendContractConformance):
     kind = "moe_executor"
     #: Requirements: multiples the executor needs for hidden (H) and intermediate (I) sizes.
     hidden_multiple: ClassVar[int] = 8
     intermediate_multiple: ClassVar[int] = 8
 
-    def _check(self, backend_cls, options, dtype, device, shape, seed, activation):
-        args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, seed)
-        out = backend_cls(options).apply(*args, activation=activation)
+    def _check(self, backend_cls, options, dtype, device, shape, seed, activation, weight_format="float"):
+        args = oracle_args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, seed)
+        scales = {}
+        if weight_format == "fp8_channel":
+            args, scales, oracle_args = fp8_channel_case(args, seed)
+        out = backend_cls(options).apply(*args, activation=activation, **scales)
         assert out.dtype == dtype, f"apply returned {out.dtype}, expected x.dtype {dtype}"
-        expected = EagerMoEExecutor().apply(*args, activation=activation)
+        expected = EagerMoEExecutor().apply(*oracle_args, activation=activation)
         if dtype != torch.float32:
             # eager in bf16 rounds every expert's output: an executor that rounds less may be nearer to eager in
             # float32 (on the same rounded inputs); each element may match either
-            x, topk_weights, topk_ids, w13, w2 = (t if t is args[2] else t.float() for t in args)
+            x, topk_weights, topk_ids, w13, w2 = (t if t is oracle_args[2] else t.float() for t in oracle_args)
             exact = EagerMoEExecutor().apply(x, topk_weights, topk_ids, w13, w2, activation=activation)
             nearer = (out.float() - exact).abs() < (out.float() - expected.float()).abs()
             expected = torch.where(nearer, exact, expected.float())
         where = f"M={args[0].shape[0]} tokens, E={args[3].shape[0]} experts, top_k={args[2].shape[1]}"
-        assert_close(out, expected, backend_cls.tolerance, f"{self.backend} MoE ({activation}, {where}) vs eager")
+        assert_close(out, expected, backend_cls.tolerance,
+                     f"{self.backend} MoE ({activation}, {weight_format} experts, {where}) vs eager")
+
+    def _skip_unless_fp8_channel(self, backend_cls, options, device):
+        if "fp8_channel" not in backend_cls.weight_formats:
+            pytest.skip(f"{backend_cls.__name__} declares expert weight formats {list(backend_cls.weight_formats)}, "
+                        f"not 'fp8_channel'")
+        reason = backend_cls(options).supports_weight_format("fp8_channel", device)
+        if reason:
+            pytest.skip(f"fp8_channel experts on {device}: {reason}")
 
     def test_tolerance_declared(self, backend_cls):
         check_tolerance_declaration(backend_cls)
         unknown = set(backend_cls.activations) - set(EagerMoEExecutor.activations)
         assert not unknown, f"activations {sorted(unknown)} have no oracle in 'eager'; add them there first"
+        formats = tuple(backend_cls.weight_formats)
+        assert "float" in formats, f"weight_formats {formats} must include 'float' (the core's default)"
+        assert set(formats) <= set(WEIGHT_FORMATS), f"weight_formats {formats}: nanocore knows {list(WEIGHT_FORMATS)}"
 
     @suite_settings
     @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1), data=st.data())
@@ -136,6 +170,43 @@ class MoEExecutorConformance(BackendContractConformance):
         with pytest.raises(ValueError):
             executor.apply(x, weights, ids, w13, w2, activation="no_such_activation")
 
+    @suite_settings
+    @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1))
+    def test_fp8_channel_experts_match_eager_on_dequantized(self, backend_cls, backend_options, dtype, device, shape,
+                                                             seed):
+        self._skip_unless_fp8_channel(backend_cls, backend_options, device)
+        activation = backend_cls.activations[seed % len(backend_cls.activations)]
+        self._check(backend_cls, backend_options, dtype, device, shape, seed, activation, "fp8_channel")
+
+    @batch_settings
+    @given(shape=batch_shapes, seed=st.integers(0, 2**31 - 1))
+    @example(shape={"tokens": 300, "experts": 8, "top_k": 2, "skew": 0.0, "dropped": False}, seed=0)
+    @example(shape={"tokens": 97, "experts": 64, "top_k": 8, "skew": 2.0, "dropped": True}, seed=1)
+    def test_fp8_channel_batches_across_size_thresholds(self, backend_cls, backend_options, dtype, device, shape,
+                                                        seed):
+        self._skip_unless_fp8_channel(backend_cls, backend_options, device)
+        activation = backend_cls.activations[seed % len(backend_cls.activations)]
+        self._check(backend_cls, backend_options, dtype, device, shape, seed, activation, "fp8_channel")
+
+    def test_fp8_channel_bad_scales_raise_value_error(self, backend_cls, backend_options, dtype, device):
+        self._skip_unless_fp8_channel(backend_cls, backend_options, device)
+        shape = {"tokens": 2, "experts": 2, "top_k": 1, "hidden_units": 1, "intermediate_units": 1, "dropped": False}
+        args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, 0)
+        (x, weights, ids, w13, w2), scales, _ = fp8_channel_case(args, 0)
+        s13, s2 = scales["w13_scale"], scales["w2_scale"]
+        bad_cases = {
+            "fp8 weights without scales": {},
+            "only w13_scale": {"w13_scale": s13},
+            "w13_scale of half the rows": {"w13_scale": s13[:, : s13.shape[1] // 2], "w2_scale": s2},
+            "w2_scale [E, H, 1]": {"w13_scale": s13, "w2_scale": s2[..., None]},
+        }
+        executor = backend_cls(backend_options)
+        for what, kwargs in bad_cases.items():
+            with pytest.raises(ValueError):
+                executor.apply(x, weights, ids, w13, w2, **kwargs)
+                pytest.fail(f"apply accepted malformed fp8_channel input ({what}); raise ValueError "
+                            f"(see nanocore.interfaces.moe_weight_format)")
+
     @pytest.mark.cuda
     @suite_settings
     @given(shape=moe_shapes, seed=st.integers(0, 2**31 - 1))
@@ -148,3 +219,12 @@ class MoEExecutorConformance(BackendContractConformance):
     def test_batches_across_size_thresholds_match_eager_on_cuda(self, backend_cls, backend_options, cuda_dtype,
                                                                 cuda_device, shape, seed):
         self._check(backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed, backend_cls.activations[0])
+
+    @pytest.mark.cuda
+    @batch_settings
+    @given(shape=batch_shapes, seed=st.integers(0, 2**31 - 1))
+    def test_fp8_channel_experts_match_eager_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device,
+                                                     shape, seed):
+        self._skip_unless_fp8_channel(backend_cls, backend_options, cuda_device)
+        self._check(backend_cls, backend_options, cuda_dtype, cuda_device, shape, seed, backend_cls.activations[0],
+                    "fp8_channel")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from nanocore.toolkit.moe_weights import dequantize_fp8_experts
 from nanocore.toolkit.reference import EagerMoEExecutor
-from nanocore.interfaces import check_moe_shapes
+from nanocore.interfaces import check_moe_shapes, moe_weight_format
 from nanocore_conformance import MoEExecutorConformance, bind_all
 
 
@@ -82,7 +83,37 @@ class ExpertIdsInFiveBits(EagerMoEExecutor):
         return super().apply(x, topk_weights, torch.where(valid, topk_ids % 32, topk_ids), w13, w2, activation)
 
 
-CORRECT = [PlainMoE]
+class DequantizingMoE(EagerMoEExecutor):
+    """Takes ``fp8_channel`` experts and runs the oracle on their dequantized weights (correct)."""
+
+    weight_formats = ("float", "fp8_channel")
+
+    def apply(self, x, topk_weights, topk_ids, w13, w2, activation="silu", *, w13_scale=None, w2_scale=None):
+        check_moe_shapes(x, topk_weights, topk_ids, w13, w2, activation, self.activations)
+        if moe_weight_format(w13, w2, w13_scale, w2_scale) == "fp8_channel":
+            w13, w2 = dequantize_fp8_experts(w13, w2, *self.scales(w13_scale, w2_scale), x.dtype)
+        return super().apply(x, topk_weights, topk_ids, w13, w2, activation)
+
+    def scales(self, w13_scale, w2_scale):
+        return w13_scale, w2_scale
+
+
+class IgnoresFp8Scales(DequantizingMoE):
+    """Declares ``fp8_channel`` but widens the fp8 weights without multiplying by their scales."""
+
+    def scales(self, w13_scale, w2_scale):
+        return torch.ones_like(w13_scale), torch.ones_like(w2_scale)
+
+
+class GateScalesOnUpRows(DequantizingMoE):
+    """Applies the gate rows' scales to the up rows too (reads ``w13_scale[:, :I]`` for both halves)."""
+
+    def scales(self, w13_scale, w2_scale):
+        gate = w13_scale[:, : w13_scale.shape[1] // 2]
+        return torch.cat([gate, gate], dim=1), w2_scale
+
+
+CORRECT = [PlainMoE, DequantizingMoE]
 MUTANTS = [CountsDroppedSlots, IgnoresTopkWeights, WeightBeforeActivation, SwapsGateAndUp, ChunkedAbove64Tokens,
-           ExpertIdsInFiveBits]
+           ExpertIdsInFiveBits, IgnoresFp8Scales, GateScalesOnUpRows]
 bind_all(globals(), MoEExecutorConformance, CORRECT + MUTANTS)
