@@ -65,7 +65,9 @@ def _store_one(src_ptr, dst_ptr, sc_ptr, tok, slot, src_stride_t, src_stride_h,
                  mask=r < NUM_KV_HEADS * NUM_GROUPS)
 
 
-@triton.jit
+# the runner's slot mapping is a view into one per-step upload at an offset of 8 x tokens bytes: its 16-byte
+# alignment flips with the token count's parity, which must not compile a second variant (one scalar load)
+@triton.jit(do_not_specialize_on_alignment=["slot_ptr"])
 def store_kv_kernel(
     k_ptr, v_ptr, slot_ptr, kc_ptr, vc_ptr, ks_ptr, vs_ptr,
     k_stride_t, k_stride_h, v_stride_t, v_stride_h, kc_stride_t, kc_stride_h, vc_stride_t, vc_stride_h,
