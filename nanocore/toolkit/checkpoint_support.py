@@ -71,8 +71,9 @@ def block_structure_reason(block: tuple[int, ...] | None) -> str | None:
     return None
 
 
-def int8_support(method: str, quantization_config: dict | None) -> str | None:
-    """compressed-tensors int-quantized: symmetric int8 weights per channel, activations none or int8."""
+def int8_support(method: str, quantization_config: dict | None, packed: bool = False) -> str | None:
+    """compressed-tensors int-quantized: symmetric int8 weights per channel, activations none or int8; with
+    ``packed`` also pack-quantized (four int8 per int32 word, as llm-compressor writes channel-wise W8A16)."""
     fmt = _parsed(quantization_config)
     if isinstance(fmt, str):
         return fmt
@@ -80,11 +81,12 @@ def int8_support(method: str, quantization_config: dict | None) -> str | None:
     def judge(scheme: QuantScheme, group: SchemeGroup) -> str | None:
         w, a = scheme.weights, scheme.input_activations
         if w is None or w.type != "int" or w.num_bits != 8 or not w.symmetric or w.strategy != "channel":
-            return f"{method} loads symmetric 8-bit int channel-wise weights, this checkpoint has {w}"
+            other = " (group-wise or asymmetric packed int weights load in 'wna16')" if packed else ""
+            return f"{method} loads symmetric 8-bit int channel-wise weights, this checkpoint has {w}{other}"
         if a is not None and (a.type != "int" or a.num_bits != 8):
             return f"{method} quantizes activations to int8; this checkpoint's input_activations are {a}"
         return None
-    formats = tuple(f for f in UNPACKED_FORMATS if f != "float-quantized")
+    formats = tuple(f for f in UNPACKED_FORMATS if f != "float-quantized") + ((PACKED_FORMAT,) if packed else ())
     return support_reason(method, fmt, ("compressed-tensors",), formats, judge)
 
 

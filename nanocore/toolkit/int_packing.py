@@ -44,6 +44,18 @@ def unpack_int32(packed: torch.Tensor, num_bits: int, size: int, dim: int) -> to
     return (values.transpose(0, 1) if dim == 0 else values).contiguous()
 
 
+def unpack_int8(packed: torch.Tensor, size: int, rows_per_chunk: int = 4096) -> torch.Tensor:
+    """compressed-tensors pack-quantized 8-bit weights, int32 ``[N, ceil(K / 4)]`` -> signed int8 ``[N, K]``.
+
+    The words hold the values offset-binary (stored = value + 128, see the module docstring), so 0 .. 255 maps back
+    to -128 .. 127; rows go in chunks so the int32 temporaries of a large layer stay small."""
+    out = torch.empty(packed.shape[0], size, dtype=torch.int8, device=packed.device)
+    for start in range(0, packed.shape[0], rows_per_chunk):
+        rows = packed[start:start + rows_per_chunk]
+        out[start:start + rows_per_chunk] = (unpack_int32(rows, 8, size, dim=1) - 128).to(torch.int8)
+    return out
+
+
 def group_index(input_size: int, num_groups: int, g_idx: torch.Tensor | None = None) -> torch.Tensor:
     """Group of each input channel: ``g_idx`` (act-order checkpoints) or contiguous groups."""
     if g_idx is not None:

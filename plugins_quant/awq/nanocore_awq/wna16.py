@@ -4,7 +4,9 @@ Loads compressed-tensors ``pack-quantized`` (llm-compressor W4A16 / W8A16: ``wei
 ``weight_zero_point`` when asymmetric, ``weight_shape``, ``weight_g_idx`` with group act-order) and GPTQ
 (``qweight`` / ``qzeros`` / ``scales`` / ``g_idx``, desc_act included). After loading, int4 weights are repacked
 into the AutoAWQ GEMM layout and run on ``awq``'s kernels (act-order: input channels permuted once so groups are
-contiguous, the activations gathered the same way); int8 weights dequantize in ``apply`` (torch).
+contiguous, the activations gathered the same way); int8 weights dequantize in ``apply`` (torch). ``auto`` sends
+symmetric channel-wise 8-bit (llm-compressor W8A16 channel) to ``int8_w8a16``, whose kernels read int8; here it
+still loads by name, and group-wise or asymmetric 8-bit stay here.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 Checkpoint format: compressed-tensors ``int-quantized``: ``<prefix>.weight`` int8 ``[N, K]``,
 ``<prefix>.weight_scale`` float ``[N, 1]`` (symmetric, per output channel), and for static activations
-a scalar ``<prefix>.input_scale``. ``input_activations`` in the config decides dynamic per-token,
-static per-tensor, or none (weight-only).
+a scalar ``<prefix>.input_scale``; or ``pack-quantized`` with the same scales (llm-compressor's channel-wise
+W8A16: ``weight_packed``, unpacked to int8 at load, ``nanocore_int8.packed``). ``input_activations`` in the
+config decides dynamic per-token, static per-tensor, or none (weight-only).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from nanocore.toolkit.gemm import (
 from nanocore.toolkit.numerics import INT8_MAX, quantize_int8, quantize_int8_per_row
 from nanocore.toolkit.weights import ChannelScaledWeights
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
+from nanocore_int8.packed import PackedInt8Weights, is_packed
 
 _OPTIONS = {"activation_scheme": str, "kernel": str, "quantization_config": dict}
 #: ``torch._int_mm`` on CUDA needs more than 16 rows; decode batches take the dequantizing GEMV instead.
@@ -48,8 +50,9 @@ class _Int8Base(LinearMethod):
 
     @classmethod
     def checkpoint_support(cls, quantization_config):
-        """compressed-tensors int-quantized: symmetric channel-wise int8 weights, activations none or int8."""
-        return int8_support(cls.__name__, quantization_config)
+        """compressed-tensors int-quantized or pack-quantized (llm-compressor W8A16 channel-wise): symmetric
+        channel-wise int8 weights, activations none or int8."""
+        return int8_support(cls.__name__, quantization_config, packed=True)
 
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
@@ -73,8 +76,11 @@ class _Int8Base(LinearMethod):
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, weight_loader):
         # per-channel int8 checkpoints only (compressed-tensors "channel" strategy): no per-tensor spreading
-        self.weights = ChannelScaledWeights(self.name, torch.int8, self.activation_scheme == "static",
-                                            per_tensor_scales=False)
+        static = self.activation_scheme == "static"
+        if is_packed(self.options.get("quantization_config")):  # pack-quantized: unpacked to int8 after loading
+            self.weights = PackedInt8Weights(self.name, static)
+        else:
+            self.weights = ChannelScaledWeights(self.name, torch.int8, static, per_tensor_scales=False)
         self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     @classmethod

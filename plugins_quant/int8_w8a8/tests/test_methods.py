@@ -131,3 +131,65 @@ def test_int8_w8a16_checkpoint_loads_by_name_and_auto(tmp_path):
     hf_config = type("Cfg", (), {"quantization_config": compressed_tensors_config("none")})()
     entry, _ = model_loader.resolve_linear_method("auto", {}, hf_config, torch.device("cpu"))
     assert entry.name == "int8_w8a16"
+
+
+def packed_channel_config():
+    """llm-compressor's channel-wise W8A16 (pack-quantized, symmetric, one scale per output channel)."""
+    from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
+    from nanocore.toolkit.checkpoint_support import compressed_tensors_config as ct_config
+
+    return ct_config(QuantScheme(QuantArgs(8, "int", "channel")), "pack-quantized")
+
+
+@pytest.mark.parametrize("cls", [Int8W8A16LinearMethod, Int8W8A8LinearMethod])
+def test_pack_quantized_w8a16_unpacks_to_the_int8_weight(cls):
+    """Four offset-binary bytes per int32 word (compressed-tensors' packing) -> the signed int8 weight, merged
+    gate/up shards included; the layer then holds what an int-quantized checkpoint gives."""
+    from nanocore.toolkit.int_packing import dequantize_int, pack_quantized_tensors, quantize_int_groups
+
+    config = packed_channel_config()
+    assert cls.checkpoint_support(config) is None
+    method = cls({"quantization_config": config})
+    assert method.activation_scheme == "none"
+    layer = MergedColumnParallelLinear(64, [24, 16], linear_method=method, parallel=ParallelContext(),
+                                       params_dtype=torch.float32)
+    full = [torch.randn(24, 64), torch.randn(16, 64)]
+    full[0][0, :8] = torch.tensor([-4.0, 4.0, 0.0, 1.0, -1.0, 2.0, -2.0, 3.0])  # +-127 and 0 in one row
+    for i, w in enumerate(full):
+        load(layer, pack_quantized_tensors(w, 8, 64, symmetric=True), i)
+    method.process_weights_after_loading(layer)
+    assert not hasattr(layer, "weight_packed") and layer.weight.dtype == torch.int8
+    q, scales, zeros = zip(*(quantize_int_groups(w, 8, 64, True) for w in full))
+    assert torch.equal(layer.weight, (torch.cat(q) - 128).to(torch.int8))  # the signed values, bit for bit
+    assert layer.weight[0, :2].tolist() == [-127, 127]
+    held = dequantize_int(torch.cat(q), torch.cat(scales).float(), torch.cat(zeros))
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(method.apply(layer, x), F.linear(x, held), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tp_rank", [0, 1])
+def test_pack_quantized_row_parallel_takes_whole_words(tp_rank):
+    from nanocore.toolkit.int_packing import pack_quantized_tensors
+
+    method = Int8W8A16LinearMethod({"quantization_config": packed_channel_config()})
+    layer = RowParallelLinear(64, 8, linear_method=method, parallel=ParallelContext(tp_rank=tp_rank, tp_size=2),
+                              params_dtype=torch.float32)
+    w = torch.randn(8, 64)
+    load(layer, pack_quantized_tensors(w, 8, 64, symmetric=True))
+    method.process_weights_after_loading(layer)
+    scale = w.abs().amax(1, keepdim=True) / 127.5  # compressed-tensors' symmetric rule: absmax / (255 / 2)
+    expected = (w / scale).round().clamp(-128, 127).chunk(2, dim=1)[tp_rank]
+    assert torch.equal(layer.weight.float(), expected)
+
+
+@pytest.mark.parametrize("weights, can", [
+    ({"strategy": "group", "group_size": 64}, "wna16"),  # group-wise 8-bit (llm-compressor 0.14's W8A16 preset)
+    ({"symmetric": False}, "wna16"),
+    ({"num_bits": 4, "strategy": "group", "group_size": 64}, "wna16"),
+])
+def test_packed_formats_the_int8_methods_leave_to_wna16(weights, can):
+    config = packed_channel_config()
+    config["config_groups"]["group_0"]["weights"].update(weights)
+    for cls in (Int8W8A16LinearMethod, Int8W8A8LinearMethod):
+        reason = cls.checkpoint_support(config)
+        assert reason and can in reason
