@@ -34,7 +34,9 @@ CHECKPOINTS = [
     ("llama_w8a8_int8", "llama", "W8A8", "rtn", {}),
     ("llama_w4a16", "llama", "W4A16", "rtn", {}),
     ("llama_w4a16_asym", "llama", "W4A16_ASYM", "rtn", {}),
-    ("llama_w8a16", "llama", "W8A16", "rtn", {}),
+    ("llama_w8a16", "llama", "W8A16", "rtn", {}),  # 0.14's W8A16 preset: group 128
+    # W8A16 with strategy "channel" (0.14's preset is group 128): the int8 methods load it
+    ("llama_w8a16_channel", "llama", "W8A16", "rtn", {"weights": {"strategy": "channel", "group_size": None}}),
     ("qwen2_w4a16_gptq", "qwen2", "W4A16_ASYM", "gptq", {"actorder": "weight"}),  # 0.14: no "group" order
     ("qwen2_moe_fp8_dynamic", "qwen2_moe", "FP8_DYNAMIC", "rtn", {}),
     ("qwen2_moe_w4a16", "qwen2_moe", "W4A16", "rtn", {}),
@@ -95,7 +97,16 @@ def make(out: Path, name: str, arch: str, scheme: str, modifier: str, extra: dic
             shutil.copy(tok, float_dir / tok.name)
     model = AutoModelForCausalLM.from_pretrained(float_dir, torch_dtype=torch.bfloat16)
     cls = GPTQModifier if modifier == "gptq" else QuantizationModifier
-    recipe = cls(targets="Linear", scheme=scheme, ignore=IGNORE[arch], **extra)
+    extra = dict(extra)
+    weights = extra.pop("weights", None)  # a preset with other weight args: as an explicit config group
+    if weights:
+        from compressed_tensors.quantization import preset_name_to_scheme
+
+        group = preset_name_to_scheme(scheme, ["Linear"])
+        group.weights = group.weights.model_copy(update=weights)
+        recipe = cls(config_groups={"group_0": group}, ignore=IGNORE[arch], **extra)
+    else:
+        recipe = cls(targets="Linear", scheme=scheme, ignore=IGNORE[arch], **extra)
     needs_data = modifier == "gptq" or scheme in ("FP8",)
     kwargs = dict(dataset=calibration_dataset(model.config.vocab_size), num_calibration_samples=16,
                   max_seq_length=64) if needs_data else {}
@@ -140,8 +151,10 @@ def dequantized_logits(folder: Path, float_dir: Path) -> torch.Tensor:
 
 
 #: The perplexity table of docs/benchmarks-quant.md: SmolLM2-135M through llm-compressor (group 64: 576 = 9 x 64).
+#: ``preset``: the scheme a folder name other than a preset's starts from.
 SMOLLM2_SCHEMES = {"FP8_DYNAMIC": {}, "FP8_BLOCK": {}, "W8A8": {}, "W8A16": {"group_size": 64}, "W4A16": {"group_size": 64},
-                   "W4A16_ASYM": {"group_size": 64}}
+                   "W4A16_ASYM": {"group_size": 64},
+                   "W8A16_CHANNEL": {"preset": "W8A16", "strategy": "channel", "group_size": None}}
 
 
 def make_smollm2(out: Path, only: list[str] | None = None) -> None:
@@ -154,7 +167,8 @@ def make_smollm2(out: Path, only: list[str] | None = None) -> None:
     for name, overrides in SMOLLM2_SCHEMES.items():
         if only and f"smollm2_lc_{name.lower()}" not in only:
             continue
-        scheme = preset_name_to_scheme(name, ["Linear"])
+        overrides = dict(overrides)
+        scheme = preset_name_to_scheme(overrides.pop("preset", name), ["Linear"])
         if overrides:
             scheme.weights = scheme.weights.model_copy(update={"strategy": "group", **overrides})
         model = AutoModelForCausalLM.from_pretrained(TOKENIZER, torch_dtype=torch.float32)

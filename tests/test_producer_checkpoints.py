@@ -27,7 +27,9 @@ EXPECTED = {
     "llama_w8a8_int8": ("int8_w8a8", "int8_w8a8", 0.08),  # int8 activations: nanocore rounds to +-127, ct to 127.5
     "llama_w4a16": ("wna16", "wna16", 1e-4),
     "llama_w4a16_asym": ("wna16", "wna16", 1e-3),
-    "llama_w8a16": ("wna16", "wna16", 1e-4),
+    "llama_w8a16": ("wna16", "wna16", 1e-4),  # llm-compressor 0.14's W8A16 preset is group-wise (128)
+    # channel-wise W8A16 (pack-quantized): unpacked to int8 at load, run on the int8 weight-only kernels
+    "llama_w8a16_channel": ("int8_w8a16", "int8_w8a16", 1e-4),
     "qwen2_w4a16_gptq": ("wna16", "wna16", 1e-3),
     # experts run dequantized in float here; the producer also rounds their activations to fp8
     "qwen2_moe_fp8_dynamic": ("fp8_w8a16", "fp8_w8a8", 0.1),
@@ -65,6 +67,24 @@ def test_logits_match_the_producer(name):
     assert err <= tolerance, f"{name} through {method}: largest logit error {err:.3g} of the largest logit"
 
 
+def test_channel_w8a16_still_loads_in_wna16_and_holds_the_producer_int8_values():
+    """By name, ``wna16`` loads the channel-wise W8A16 too (dequantizing in torch); the int8 method's unpacked
+    weight is compressed-tensors' own reading of ``weight_packed`` (offset-binary bytes back to signed int8)."""
+    from safetensors.torch import load_file
+
+    _, ours, reference = producer_logits(PRODUCERS / "llama_w8a16_channel", "wna16")
+    assert ((ours - reference).abs().max() / reference.abs().max()).item() <= 1e-4
+    loaded, _, _ = producer_logits(PRODUCERS / "llama_w8a16_channel", "int8_w8a16")
+    tensors = load_file(PRODUCERS / "llama_w8a16_channel" / "model.safetensors")
+    packed = tensors["model.layers.0.mlp.down_proj.weight_packed"]
+    n, k = tensors["model.layers.0.mlp.down_proj.weight_shape"].tolist()
+    signed = torch.stack([(packed >> (8 * i)) & 0xFF for i in range(4)], dim=-1).reshape(n, k) - 128
+    layer = loaded.model.get_submodule("model.layers.0.mlp.down_proj")
+    assert layer.weight.dtype == torch.int8 and torch.equal(layer.weight.long(), signed.long())
+    torch.testing.assert_close(layer.weight_scale.float(),
+                               tensors["model.layers.0.mlp.down_proj.weight_scale"].float().reshape(n, 1))
+
+
 def test_cutlass_twin_loads_llm_compressor_fp8():
     _, ours, reference = producer_logits(PRODUCERS / "llama_fp8_dynamic", "cutlass")
     assert ((ours - reference).abs().max() / reference.abs().max()).item() <= 1e-4
@@ -75,6 +95,8 @@ def test_cutlass_twin_loads_llm_compressor_fp8():
     ("llama_fp8_block", "fp8_w8a8", "fp8_w8a16"),
     ("llama_fp8_block", "cutlass", "fp8_w8a16"),
     ("llama_w8a16", "int8_w8a16", "wna16"),
+    ("llama_w8a16_channel", "awq", "int8_w8a16"),
+    ("llama_w8a16_channel", "fp8_w8a16", "int8_w8a16"),
     ("llama_w4a16", "awq", "wna16"),
     ("llama_w8a8_int8", "fp8_w8a16", "int8_w8a8"),
 ])

@@ -69,9 +69,11 @@ def _int8_channel(w):
 
 
 def _packed(bits, group, symmetric):
+    """``group`` None: channel-wise (one group of the whole row)."""
     def write(w):
-        tensors = pack_quantized_tensors(w, bits, group, symmetric)
-        q, scales, zeros = quantize_int_groups(w, bits, group, symmetric)
+        size = group or w.shape[1]
+        tensors = pack_quantized_tensors(w, bits, size, symmetric)
+        q, scales, zeros = quantize_int_groups(w, bits, size, symmetric)
         return tensors, dequantize_int(q, scales.to(w.dtype).float(), zeros)
     return write
 
@@ -100,6 +102,8 @@ CATALOG = {
     "llm-compressor W4A16": (_ct(QuantArgs(4, "int", "group", 128)), _packed(4, 128, True)),
     "llm-compressor W4A16_ASYM": (_ct(QuantArgs(4, "int", "group", 128, symmetric=False)), _packed(4, 128, False)),
     "llm-compressor W8A16": (_ct(QuantArgs(8, "int", "group", 128)), _packed(8, 128, True)),
+    # channel-wise W8A16 (strategy "channel"; the 0.14 preset above is group 128): one scale per row
+    "llm-compressor W8A16 channel-wise": (_ct(QuantArgs(8, "int", "channel")), _packed(8, None, True)),
     "llm-compressor W4A8 (int8 activations)": (_ct(QuantArgs(4, "int", "group", 128), _DYNAMIC_INT8),
                                                _packed(4, 128, True)),
     "AutoAWQ GEMM": ({"quant_method": "awq", "bits": 4, "group_size": 128, "zero_point": True, "version": "gemm"},
