@@ -5,7 +5,8 @@ optional renormalisation). Prepare/finalize moves tokens to the experts' owners 
 ``LocalPrepareFinalize`` when one rank holds every expert, ``AllToAllPrepareFinalize`` for expert
 parallelism. A shared expert (Qwen2-MoE) may run beside the routed experts on a side CUDA stream
 (``StreamOverlap``). The executor only ever sees this rank's stacked weights ``w13[E_local, 2I, H]`` (gate
-rows then up rows) and ``w2[E_local, H, I]``, loaded from per-expert checkpoint tensors.
+rows then up rows) and ``w2[E_local, H, I]``, loaded from per-expert checkpoint tensors (``moe_weights.py``): in the
+model dtype, or fp8 with per-row scales (``weight_format="fp8_channel"``) for an executor that declares that format.
 """
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ from torch import nn
 
 from nanocore.distributed import ParallelContext, divide, tp_all_reduce
 from nanocore.interfaces import MoEExecutor, set_weight_attrs
+from nanocore.layers.moe_weights import ExpertWeights
 
 #: ``experts(x, topk_weights, topk_ids) -> [M, H]`` over this rank's experts (local expert ids).
 ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
-_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)\.weight$")
+_EXPERT_WEIGHT = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<proj>gate_proj|up_proj|down_proj)"
+                            r"\.(?P<tensor>weight|weight_scale)$")
 _SHARD_OF_PROJ = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}
 
 #: Default of the engine option ``moe_shared_expert_overlap``: shared expert on a side CUDA stream.
@@ -40,12 +43,13 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
 
 
 def match_expert_weight(name: str) -> tuple[str, int, str] | None:
-    """``...experts.N.gate_proj.weight`` -> (``...experts.w13``, N, ``"w1"``); None for other names."""
+    """``...experts.N.gate_proj.weight`` -> (``...experts.w13``, N, ``"w1"``), ``...weight_scale`` ->
+    ``...experts.w13_scale`` (fp8 experts); None for other names."""
     m = _EXPERT_WEIGHT.match(name)
     if m is None:
         return None
     shard_id = _SHARD_OF_PROJ[m["proj"]]
-    param = "w2" if shard_id == "w2" else "w13"
+    param = ("w2" if shard_id == "w2" else "w13") + ("_scale" if m["tensor"] == "weight_scale" else "")
     return f"{m['prefix']}.{param}", int(m["expert"]), shard_id
 
 
@@ -151,12 +155,14 @@ class FusedMoE(nn.Module):
 
     Expert parallel (``ep_size > 1``): this rank holds ``E / ep_size`` whole experts. Otherwise, with
     tensor parallelism, every expert's intermediate dimension is split over the TP ranks and the
-    partial outputs are summed (``reduce_results``).
+    partial outputs are summed (``reduce_results``). ``weight_format="fp8_channel"`` holds the experts in fp8 with
+    per-row scales (``w13_scale``, ``w2_scale``) and passes the scales to the executor, which must take that format.
     """
 
     def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, *,
                  executor: MoEExecutor, parallel: ParallelContext | None = None, renormalize: bool = False,
-                 params_dtype: torch.dtype = torch.float32, activation: str = "silu", reduce_results: bool = True):
+                 params_dtype: torch.dtype = torch.float32, activation: str = "silu", reduce_results: bool = True,
+                 weight_format: str = "float"):
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"num_experts_per_tok ({top_k}) must be between 1 and num_experts ({num_experts})")
@@ -168,11 +174,12 @@ class FusedMoE(nn.Module):
         self.tp_shards = parallel.tp_size if parallel.ep_size == 1 else 1
         self.intermediate_per_rank = divide(intermediate_size, self.tp_shards, "moe_intermediate_size")
         self.reduce_results = reduce_results and self.tp_shards > 1
-        i = self.intermediate_per_rank
-        self.w13 = nn.Parameter(torch.empty(self.num_local_experts, 2 * i, hidden_size, dtype=params_dtype), requires_grad=False)
-        self.w2 = nn.Parameter(torch.empty(self.num_local_experts, hidden_size, i, dtype=params_dtype), requires_grad=False)
-        for param in (self.w13, self.w2):
-            set_weight_attrs(param, {"weight_loader": self.weight_loader})
+        declared = getattr(executor, "weight_formats", ("float",))
+        if weight_format != "float" and weight_format not in declared:
+            raise ValueError(f"MoE executor {type(executor).__name__} does not take {weight_format!r} expert weights "
+                             f"(it declares {list(declared)}); load the experts in float")
+        self.weight_format = weight_format
+        self.expert_weights = ExpertWeights(self, self.num_local_experts, hidden_size, params_dtype, weight_format)
         if parallel.ep_size > 1:
             self.prepare_finalize = AllToAllPrepareFinalize(parallel.ep_group, parallel.ep_size, self.num_local_experts)
         else:
@@ -184,34 +191,17 @@ class FusedMoE(nn.Module):
         return tp_all_reduce(out, self.parallel) if self.reduce_results else out
 
     def _run_experts(self, x, topk_weights, topk_ids) -> torch.Tensor:
-        return self.executor.apply(x, topk_weights, topk_ids, self.w13, self.w2, self.activation)
+        return self.executor.apply(x, topk_weights, topk_ids, self.w13, self.w2, self.activation,
+                                   **self.expert_weights.executor_kwargs())
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert_id: int, shard_id: str) -> None:
         """Copy one checkpoint tensor of global expert ``expert_id`` (``w1`` gate, ``w3`` up, ``w2`` down)."""
-        local = expert_id - self.expert_start
-        if not 0 <= expert_id < self.num_experts:
-            raise ValueError(f"checkpoint has expert {expert_id} but the config says num_experts={self.num_experts}")
-        if not 0 <= local < self.num_local_experts:
-            return  # owned by another expert-parallel rank
-        i, full = self.intermediate_per_rank, self.intermediate_per_rank * self.tp_shards
-        rank = self.parallel.tp_rank if self.tp_shards > 1 else 0
-        if shard_id in ("w1", "w3"):
-            dst, dim, expected = param.data[local].narrow(0, 0 if shard_id == "w1" else i, i), 0, (full, param.shape[2])
-        elif shard_id == "w2":
-            dst, dim, expected = param.data[local], 1, (param.shape[1], full)
-        else:
-            raise ValueError(f"unknown expert shard {shard_id!r}; expected 'w1' (gate), 'w3' (up) or 'w2' (down)")
-        if tuple(loaded_weight.shape) != expected:
-            raise ValueError(
-                f"expert {expert_id} {shard_id} has shape {tuple(loaded_weight.shape)}, expected {expected}; "
-                f"check moe_intermediate_size / hidden_size in config.json"
-            )
-        src = loaded_weight.narrow(dim, rank * i, i)
-        dst.copy_(src)
+        param.weight_loader(param, loaded_weight, expert_id, shard_id)
 
     def extra_repr(self) -> str:
         return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, "
-                f"intermediate={self.intermediate_per_rank}, executor={type(self.executor).__name__}")
+                f"intermediate={self.intermediate_per_rank}, weights={self.weight_format}, "
+                f"executor={type(self.executor).__name__}")
 
 
 def _load_whole(param: nn.Parameter, loaded_weight: torch.Tensor) -> None:

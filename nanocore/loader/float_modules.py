@@ -4,13 +4,15 @@ llm-compressor quantizes every ``Linear`` it is not told to ignore, MoE experts 
 float ``w13`` / ``w2``). Their tensors are gathered per module while streaming the checkpoint and replaced by one
 dequantized ``<module>.weight``; the linear method never sees them. compressed-tensors configs are read, and
 ``quant_method: fp8`` ones (vLLM / DeepSeek-V3 / Qwen3-FP8: per-channel ``weight_scale`` or block-wise
-``weight_scale_inv`` tiles). A float ``weight`` (a module the producer left unquantized) passes through.
+``weight_scale_inv`` tiles). A float ``weight`` (a module the producer left unquantized) passes through. Experts of
+a MoE layer that holds them in fp8 (``keep_quantized``, see ``expert_weights.py``) pass through as ``weight`` +
+``weight_scale``.
 """
 from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 
@@ -28,9 +30,11 @@ FLOAT_MODULE = re.compile(r"^(?P<module>.*(\.experts\.\d+\.(gate|up|down)_proj|\
                           r"|lm_head)\.(?P<suffix>weight\w*|input_scale|output_scale)$")
 
 
-def dequantize_float_modules(weights: Iterable[tuple[str, torch.Tensor]], quantization_config: dict | None
+def dequantize_float_modules(weights: Iterable[tuple[str, torch.Tensor]], quantization_config: dict | None,
+                             keep_quantized: Callable[[str], bool] | None = None
                              ) -> Iterator[tuple[str, torch.Tensor]]:
-    """The checkpoint stream with quantized float-module tensors replaced by their dequantized ``weight``."""
+    """The checkpoint stream with quantized float-module tensors replaced by their dequantized ``weight``, except
+    modules for which ``keep_quantized(module)`` is true: their ``weight`` / ``weight_scale`` pass through."""
     fmt = parse_quantization_config(quantization_config) if quantization_config else None
     if fmt is None or fmt.producer not in ("compressed-tensors", "fp8"):
         yield from weights
@@ -46,7 +50,10 @@ def dequantize_float_modules(weights: Iterable[tuple[str, torch.Tensor]], quanti
             continue
         module, suffix = match["module"], match["suffix"]
         if suffix in ("input_scale", "output_scale"):
-            continue  # the module runs unquantized: its activation scales do not apply
+            continue  # the module runs unquantized (or weight-only fp8): its activation scales do not apply
+        if keep_quantized is not None and keep_quantized(module):
+            yield name, tensor
+            continue
         if suffix == "weight" and tensor.dtype.is_floating_point and tensor.dtype.itemsize >= 2:
             yield name, tensor  # left unquantized by the producer (e.g. an fp8 checkpoint's router)
             continue

@@ -18,6 +18,7 @@ from nanocore.loader.presets import list_presets, preset_config
 from nanocore.loader.safetensors_io import checkpoint_files, iterate_weights
 from nanocore.models import CheckpointError, ModelBuildContext, build_model, check_all_loaded
 from nanocore.models.registry import model_class, supported_architectures
+from nanocore.loader.expert_weights import ExpertFormats
 from nanocore.loader.float_modules import dequantize_float_modules
 from nanocore.loader.linear_routing import quantization_config, resolve_linear_method
 from nanocore.plugins import AUTO, BackendEntry, get_registry
@@ -55,16 +56,20 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
             f"--method {entry.name} --model {model_path} --out DIR', or use linear_method='auto' for this checkpoint")
     entry.cls(dict(options))  # surface option errors once, before building hundreds of layers
     moe_executor = resolve_moe_executor(config, hf_config, device)
+    experts = ExpertFormats(quantization_config(hf_config), moe_executor, device)  # fp8 experts kept as fp8?
     build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,
                               linear_method_factory=linear_method_factory(entry, options, hf_config, device),
-                              moe_executor=moe_executor, moe_shared_expert_overlap=config.moe_shared_expert_overlap)
+                              moe_executor=moe_executor, moe_shared_expert_overlap=config.moe_shared_expert_overlap,
+                              moe_weight_format=experts.format_of if moe_executor is not None else None)
     model = build_model(hf_config, build)
+    experts.log_choice()
     with torch.no_grad():
         if model_path is None:
             init_dummy_weights(model, config.seed)
         else:
             files = checkpoint_files(model_path)
-            stream = dequantize_float_modules(iterate_weights(files), quantization_config(hf_config))
+            stream = dequantize_float_modules(iterate_weights(files), quantization_config(hf_config),
+                                              keep_quantized=experts.keeps_quantized)
             check_all_loaded(model, model.load_weights(stream), str(model_path))
         for layer in model.linear_layers():
             layer.linear_method.process_weights_after_loading(layer)

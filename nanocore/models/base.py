@@ -22,6 +22,8 @@ class ModelBuildContext:
     linear_method_factory: Callable[[str], LinearMethod]
     moe_executor: MoEExecutor | None = None
     moe_shared_expert_overlap: bool | None = None  # None: the module default (nanocore.layers.moe)
+    #: ``experts_prefix -> "float" | "fp8_channel"``: how a MoE layer holds its experts (None: float everywhere).
+    moe_weight_format: Callable[[str], str] | None = None
 
 
 class CheckpointError(ValueError):

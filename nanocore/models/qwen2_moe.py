@@ -32,6 +32,7 @@ class SparseMoeBlock(nn.Module):
             executor=build.moe_executor or EagerMoEExecutor(), parallel=build.parallel,
             renormalize=bool(getattr(cfg, "norm_topk_prob", False)), params_dtype=build.dtype,
             activation=getattr(cfg, "hidden_act", "silu"),
+            weight_format=build.moe_weight_format(f"{prefix}.experts") if build.moe_weight_format else "float",
         )
         shared = getattr(cfg, "shared_expert_intermediate_size", 0) or 0
         self.shared_expert = GatedMLP(cfg, build, opts, f"{prefix}.shared_expert", shared) if shared else None
@@ -92,9 +93,10 @@ class MoEDecoderForCausalLM(DecoderForCausalLM):
         keys = super().expected_weight_keys()
         for prefix, module in self.named_modules():
             if isinstance(module, FusedMoE):
-                keys -= {f"{prefix}.w13", f"{prefix}.w2"}
-                for e in range(module.num_experts):
-                    keys |= {f"{prefix}.w13[{e}.w1]", f"{prefix}.w13[{e}.w3]", f"{prefix}.w2[{e}.w2]"}
+                for param in module.expert_weights.param_names():  # w13, w2 (+ w13_scale, w2_scale for fp8)
+                    keys.discard(f"{prefix}.{param}")
+                    shards = ("w2",) if param.startswith("w2") else ("w1", "w3")
+                    keys |= {f"{prefix}.{param}[{e}.{s}]" for e in range(module.num_experts) for s in shards}
         return keys
 
 
