@@ -100,7 +100,14 @@ def test_token_counts_cover_the_gemm_rmsnorm_and_moe_choices(limits):
     from nanocore.toolkit.gemm import int8_int8_config
     counts = _token_counts(limits)
     every = range(1, limits.max_num_batched_tokens + 1)
-    for choose in (gemm_config, int8_int8_config):
+    from nanocore.toolkit.gemm_block import block_config
+    choosers = [gemm_config, int8_int8_config, lambda m, n, k: block_config(m, n, k, 128, None)]
+    try:
+        from nanocore_awq.kernels import awq_default_config
+        choosers.append(awq_default_config)
+    except ImportError:
+        pass
+    for choose in choosers:
         assert {choose(m, 4096, 4096) for m in counts} == {choose(m, 4096, 4096) for m in every}
     for block_n in (64, 128, 1024):
         for heads in (1, 7, 16):
