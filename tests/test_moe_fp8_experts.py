@@ -187,3 +187,30 @@ def test_fp8_experts_on_the_gpu_match_the_dequantized_path_and_take_half_the_byt
     assert expert_bytes["triton_fused_moe"] * 2 == expert_bytes["eager"]
     err = ((logits["triton_fused_moe"] - logits["eager"]).abs().max() / logits["eager"].abs().max()).item()
     assert err <= 3e-2, f"fp8 experts vs dequantized bf16 experts: largest logit error {err:.3g}"
+
+
+def test_the_fp8_experts_dummy_preset_holds_fp8_experts_and_float_everything_else(monkeypatch):
+    """``dummy:Qwen1.5-MoE-A2.7B-fp8-experts`` (for ``nanocore bench``): experts fp8, every other linear unquantized
+    (its ignore list), so fp8 vs bf16 experts can be compared alone. Shrunk here to run on CPU."""
+    import nanocore.loader.model_loader as model_loader
+    from transformers import AutoConfig
+
+    from nanocore.loader.presets import preset_dict
+
+    def small(name):
+        values = preset_dict(name)
+        values.update(hidden_size=64, intermediate_size=128, moe_intermediate_size=32, num_hidden_layers=2,
+                      shared_expert_intermediate_size=64, num_attention_heads=4, num_key_value_heads=4, num_experts=4,
+                      vocab_size=128)
+        return AutoConfig.for_model(values.pop("model_type"), **values)
+
+    monkeypatch.setattr(model_loader, "preset_config", small)
+    monkeypatch.setattr(TritonFusedMoEExecutor, "supports", classmethod(lambda cls, device: None))
+    loaded = load_model(EngineConfig(model="dummy:Qwen1.5-MoE-A2.7B-fp8-experts", moe_executor="triton_fused_moe"),
+                        "cpu")
+    layer = loaded.model.model.layers[1]
+    assert layer.mlp.experts.w13.dtype == torch.float8_e4m3fn
+    assert all(type(m.linear_method).__name__ == "UnquantizedLinearMethod" for m in loaded.model.linear_layers())
+    with torch.no_grad():
+        hidden = loaded.model(torch.arange(5), torch.arange(5), AttentionMetadata.for_prefill([5]))
+    assert torch.isfinite(hidden).all()
