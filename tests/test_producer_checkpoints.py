@@ -85,6 +85,30 @@ def test_channel_w8a16_still_loads_in_wna16_and_holds_the_producer_int8_values()
                                tensors["model.layers.0.mlp.down_proj.weight_scale"].float().reshape(n, 1))
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+@pytest.mark.parametrize("rows", [1, 16, 40])  # the M = 1 GEMV, M <= 16, the tiled GEMM
+def test_channel_w8a16_on_the_gpu_int8_kernels(rows):
+    """On CUDA (bf16) the unpacked int8 weights run ``int8_w8a16``'s Triton kernels: logits of wna16's torch
+    dequantization of the same checkpoint, and of the producer on its 16 tokens."""
+    folder = PRODUCERS / "llama_w8a16_channel"
+    reference = torch.load(folder / "reference_logits.pt")
+    ids = reference["input_ids"].repeat(3)[:rows].cuda()
+    logits = {}
+    for method in ("auto", "wna16"):
+        loaded = load_model(EngineConfig(model=str(folder), linear_method=method, dtype="bfloat16"), "cuda")
+        assert loaded.linear_method == ("int8_w8a16" if method == "auto" else "wna16")
+        with torch.no_grad():
+            hidden = loaded.model(ids, torch.arange(rows, device="cuda"),
+                                  AttentionMetadata.for_prefill([rows], device="cuda"))
+            logits[method] = loaded.model.compute_logits(hidden).float().cpu()
+    scale = logits["wna16"].abs().max()
+    assert ((logits["auto"] - logits["wna16"]).abs().max() / scale).item() <= 2e-2
+    n = min(rows, 16)
+    producer = reference["logits"][:n]
+    assert ((logits["auto"][:n] - producer).abs().max() / producer.abs().max()).item() <= 3e-2
+
+
 def test_cutlass_twin_loads_llm_compressor_fp8():
     _, ours, reference = producer_logits(PRODUCERS / "llama_fp8_dynamic", "cutlass")
     assert ((ours - reference).abs().max() / reference.abs().max()).item() <= 1e-4
