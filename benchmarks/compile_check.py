@@ -16,6 +16,7 @@ import json
 import random
 import sys
 import time
+from collections import Counter
 
 #: Prompt lengths run alone: every class boundary of the attention tiles / GEMM configs and its neighbours.
 LENGTHS = [1, 2, 3, 5, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129, 255, 257, 511, 513, 1000, 1023, 1025,
@@ -148,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
               "prefix_cache": llm.config.prefix_cache, "config": llm.config.model_dump(mode="json")}
     print(f"ready in {ready_s:.1f} s (kernel warm-up {timed.get('warmup_s', 'off')} s, "
           f"{timed.get('warmup_batches', 0)} batches; {len(recorder.early)} compiles at start, via {recorder.mechanism})")
+    per_kernel = Counter(line.split(":", 1)[0] for line in recorder.early)
+    print("compiled at start:", ", ".join(f"{name.rsplit('.', 1)[-1]} x{n}" for name, n in per_kernel.most_common()))
     print("workload seconds:", json.dumps(parts))
     for line in recorder.late:
         print("LATE COMPILE", line)

@@ -27,3 +27,22 @@ def test_recorder_counts_only_compilations_after_arm():
     recorder.arm()
     recorder._record("k", "late spec")
     assert recorder.early == ["k: early spec"] and recorder.late == ["k: late spec"]
+
+
+def test_main_writes_its_json_and_exits_zero_without_late_compiles(monkeypatch, tmp_path):
+    import json
+
+    import nanocore
+    from benchmarks import compile_check
+
+    def fake_llm(model, **fields):
+        assert model == "dummy:Qwen3-0.6B" and fields["device"] == "cuda" and fields["kernel_warmup"] is True
+        return LLM("fake", loaded_model=fake_loaded_model(), block_size=4, num_kv_blocks=64, device="cpu",
+                   prefix_cache="none", scheduler_policy="prefill_first", kv_codec="unquantized")
+    monkeypatch.setattr(nanocore, "LLM", fake_llm)
+    monkeypatch.setattr(compile_check, "workload", lambda llm, rng: {"part": 0.0})
+    monkeypatch.setattr(CompileRecorder, "install", lambda self: self)  # no global hook in the test process
+    out = tmp_path / "check.json"
+    assert compile_check.main(["--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["late_compiles"] == [] and result["workload_s"] == {"part": 0.0}
