@@ -148,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
               "compiles_at_start": len(recorder.early), "late_compiles": recorder.late, "workload_s": parts,
               "prefix_cache": llm.config.prefix_cache, "config": llm.config.model_dump(mode="json")}
     print(f"ready in {ready_s:.1f} s (kernel warm-up {timed.get('warmup_s', 'off')} s, "
-          f"{timed.get('warmup_batches', 0)} batches; {len(recorder.early)} compiles at start, via {recorder.mechanism})")
+          f"{timed.get('warmup_batches', 0)} batches; {len(recorder.early)} compiles at start, "
+          f"via {recorder.mechanism})")
     per_kernel = Counter(line.split(":", 1)[0] for line in recorder.early)
     print("compiled at start:", ", ".join(f"{name.rsplit('.', 1)[-1]} x{n}" for name, n in per_kernel.most_common()))
     print("workload seconds:", json.dumps(parts))

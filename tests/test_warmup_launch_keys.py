@@ -28,7 +28,9 @@ class KeyRecorder:
     def __init__(self, kernel, honour_do_not_specialize: bool = True):
         self.kernel, self.keys = kernel, set()
         dns = getattr(kernel, "do_not_specialize", None) or kernel.kwargs.get("do_not_specialize") or []
-        self.dns = {kernel.arg_names[x] if isinstance(x, int) else x for x in dns} if honour_do_not_specialize else set()
+        self.dns = {kernel.arg_names[x] if isinstance(x, int) else x for x in dns}
+        if not honour_do_not_specialize:
+            self.dns = set()
 
     def _arg_key(self, name, value):
         if isinstance(value, torch.Tensor):

@@ -16,7 +16,8 @@ from nanocore.engine.warmup_plan import (AttentionShape, ServingLimits, WarmupBa
 from nanocore.kernels import attention_config  # noqa: E402
 from nanocore.kernels.attention_config import batch_choice, default_config  # noqa: E402
 
-BF16_QWEN3_06B = AttentionShape(group=2, num_kv_heads=8, head_dim=128, kv_itemsize=2, k_grouped=False, quant_path="fold")
+BF16_QWEN3_06B = AttentionShape(group=2, num_kv_heads=8, head_dim=128, kv_itemsize=2, k_grouped=False,
+                                quant_path="fold")
 CASES = [  # (limits, shape, SM count)
     (ServingLimits(256, 20, 2048), BF16_QWEN3_06B, 132),
     (ServingLimits(200, 20, 2048), AttentionShape(7, 4, 128, 2, False, "fold"), 16),  # Qwen2.5-7B's group
