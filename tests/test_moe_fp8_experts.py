@@ -214,3 +214,20 @@ def test_the_fp8_experts_dummy_preset_holds_fp8_experts_and_float_everything_els
     with torch.no_grad():
         hidden = loaded.model(torch.arange(5), torch.arange(5), AttentionMetadata.for_prefill([5]))
     assert torch.isfinite(hidden).all()
+
+
+def test_bench_moe_times_executors_on_fp8_experts_too(monkeypatch):
+    """``nanocore bench moe --weight-formats float,fp8_channel``: a NAME+fp8 column per executor taking fp8 experts,
+    whose bandwidth counts one byte per weight (timings faked: the bench needs a GPU)."""
+    import nanocore.bench.moe as bench
+
+    monkeypatch.setattr(bench, "time_ms", lambda fn: (fn(), 1.0)[1])
+    monkeypatch.setattr(bench, "graph_replay", lambda fn: fn)
+    executors = bench.variants({"eager": EagerMoEExecutor(), "fused": TritonFusedMoEExecutor({"impl": "torch"})},
+                               ["float", "fp8_channel"], device="cpu")
+    assert list(executors) == ["eager", "fused", "fused+fp8"]
+    row = bench.bench_case(executors, bench.ExpertShape("tiny", 4, 2, 32, 16), 3, torch.bfloat16, device="cpu")
+    row = bench.summarise(row, "eager", list(executors))
+    assert row["fused_tb_per_s"] == 2 * row["fused+fp8_tb_per_s"]
+    with pytest.raises(ValueError, match="no executor"):
+        bench.variants({"eager": EagerMoEExecutor()}, ["fp8_channel"], device="cpu")

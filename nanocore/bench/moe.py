@@ -3,7 +3,9 @@
 For each expert shape and token count: random routed tokens (softmax top-k of random router logits)
 and random expert weights; each executor's ``apply`` is timed as launched from Python and, when it
 declares ``supports_cuda_graph``, as a CUDA-graph replay (how decode runs it). Effective bandwidth
-counts the weights of the experts that received tokens, read once. Prints a table, writes JSON.
+counts the weights of the experts that received tokens, read once. ``--weight-formats float,fp8_channel`` also times
+every executor that takes fp8 experts on the same weights rounded to fp8 per row (columns ``NAME+fp8``, one byte
+per weight). Prints a table, writes JSON.
 """
 from __future__ import annotations
 
@@ -47,15 +49,43 @@ def make_inputs(shape: ExpertShape, num_tokens: int, dtype: torch.dtype, device,
     return x, topk_weights, topk_ids, w13, w2
 
 
+FP8_SUFFIX = "+fp8"
+
+
+def variants(executors: dict, weight_formats: list[str], device="cuda") -> dict:
+    """``{column name: (executor, weight format)}``: every executor in float, ``NAME+fp8`` where it takes fp8."""
+    out = {name: (executor, "float") for name, executor in executors.items()} if "float" in weight_formats else {}
+    if "fp8_channel" in weight_formats:
+        for name, executor in executors.items():
+            if executor.supports_weight_format("fp8_channel", torch.device(device)) is None:
+                out[name + FP8_SUFFIX] = (executor, "fp8_channel")
+    if not out:
+        raise ValueError(f"no executor runs weight formats {weight_formats} here")
+    return out
+
+
 def bench_case(executors: dict, shape: ExpertShape, num_tokens: int, dtype: torch.dtype, device="cuda") -> dict:
-    """One row: milliseconds per executor (launched, and graph-replayed where declared)."""
+    """One row: milliseconds per executor (launched, and graph-replayed where declared); ``executors`` maps a column
+    name to an executor, or to ``(executor, weight format)`` (see ``variants``)."""
+    from nanocore.toolkit.moe_weights import quantize_fp8_experts
+
     args = make_inputs(shape, num_tokens, dtype, device)
     experts_hit = int(torch.unique(args[2]).numel())
-    weight_bytes = experts_hit * 3 * shape.hidden * shape.intermediate * args[0].element_size()
-    row = {"shape": shape.name, "tokens": num_tokens, "experts_hit": experts_hit, "weight_bytes": weight_bytes}
-    for name, executor in executors.items():
-        def fn(executor=executor):
-            return executor.apply(*args)
+    elements = experts_hit * 3 * shape.hidden * shape.intermediate
+    row = {"shape": shape.name, "tokens": num_tokens, "experts_hit": experts_hit,
+           "weight_bytes": elements * args[0].element_size(), "weight_elements": elements}
+    fp8 = None
+    for name, entry in executors.items():
+        executor, weight_format = entry if isinstance(entry, tuple) else (entry, "float")
+        call_args, scales = args, {}
+        if weight_format == "fp8_channel":
+            if fp8 is None:
+                q13, s13, q2, s2 = quantize_fp8_experts(args[3], args[4])
+                fp8 = (*args[:3], q13, q2), {"w13_scale": s13, "w2_scale": s2}
+            call_args, scales = fp8
+
+        def fn(executor=executor, call_args=call_args, scales=scales):
+            return executor.apply(*call_args, **scales)
         row[f"{name}_ms"] = time_ms(fn)
         if executor.supports_cuda_graph:
             row[f"{name}_graph_ms"] = time_ms(graph_replay(fn))
@@ -66,7 +96,9 @@ def summarise(row: dict, baseline: str, names: list[str]) -> dict:
     """Speedups over ``baseline`` and effective weight bandwidth of the fastest timing of each executor."""
     for name in names:
         best = min(v for k, v in row.items() if k in (f"{name}_ms", f"{name}_graph_ms"))
-        row[f"{name}_tb_per_s"] = row["weight_bytes"] / best / 1e9
+        # fp8: one byte per weight (the per-row scales are negligible)
+        weight_bytes = row["weight_elements"] if name.endswith(FP8_SUFFIX) else row["weight_bytes"]
+        row[f"{name}_tb_per_s"] = weight_bytes / best / 1e9
         if name != baseline:
             row[f"{name}_speedup"] = row[f"{baseline}_ms"] / best
     return row
@@ -103,6 +135,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", default=",".join(SHAPES), help=f"comma-separated of {list(SHAPES)}")
     parser.add_argument("--tokens", default="1,16,64,256,1024", help="comma-separated token counts")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    parser.add_argument("--weight-formats", default="float",
+                        help="comma-separated expert weight formats: float, fp8_channel (columns NAME+fp8 for the "
+                             "executors that take fp8 experts)")
     parser.add_argument("--output", default="bench_moe.json", help="JSON file for the results")
 
 
@@ -115,12 +150,16 @@ def run_from_args(args: argparse.Namespace) -> int:
     unknown = [s for s in args.shapes.split(",") if s not in SHAPES]
     if unknown:
         raise ValueError(f"unknown MoE shape(s) {unknown}; choose from {list(SHAPES)}")
+    formats = args.weight_formats.split(",")
+    unknown = [f for f in formats if f not in ("float", "fp8_channel")]
+    if unknown:
+        raise ValueError(f"unknown expert weight format(s) {unknown}; choose from ['float', 'fp8_channel']")
     names = args.executors.split(",")
-    executors = {n: get_registry().resolve("moe_executor", n, "cuda").cls() for n in names}
+    executors = variants({n: get_registry().resolve("moe_executor", n, "cuda").cls() for n in names}, formats)
     rows = run(executors, [SHAPES[s] for s in args.shapes.split(",")],
-               [int(t) for t in args.tokens.split(",")], DTYPES[args.dtype], baseline=names[0])
+               [int(t) for t in args.tokens.split(",")], DTYPES[args.dtype], baseline=next(iter(executors)))
     with open(args.output, "w") as f:
-        json.dump({"environment": environment(), "dtype": args.dtype, "rows": rows,
+        json.dump({"environment": environment(), "dtype": args.dtype, "weight_formats": formats, "rows": rows,
                    "shapes": {k: asdict(v) for k, v in SHAPES.items()}}, f, indent=1)
     print(f"wrote {args.output}")
     return 0
