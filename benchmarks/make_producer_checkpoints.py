@@ -152,8 +152,8 @@ def dequantized_logits(folder: Path, float_dir: Path) -> torch.Tensor:
 
 #: The perplexity table of docs/benchmarks-quant.md: SmolLM2-135M through llm-compressor (group 64: 576 = 9 x 64).
 #: ``preset``: the scheme a folder name other than a preset's starts from.
-SMOLLM2_SCHEMES = {"FP8_DYNAMIC": {}, "FP8_BLOCK": {}, "W8A8": {}, "W8A16": {"group_size": 64}, "W4A16": {"group_size": 64},
-                   "W4A16_ASYM": {"group_size": 64},
+SMOLLM2_SCHEMES = {"FP8_DYNAMIC": {}, "FP8_BLOCK": {}, "W8A8": {}, "W8A16": {"group_size": 64},
+                   "W4A16": {"group_size": 64}, "W4A16_ASYM": {"group_size": 64},
                    "W8A16_CHANNEL": {"preset": "W8A16", "strategy": "channel", "group_size": None}}
 
 
