@@ -35,11 +35,13 @@ def _block_coords(num_blocks, N, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
     return pid_m, pid_n
 
 
-def _load_b(ptrs, mask, FP8: tl.constexpr, dtype: tl.constexpr):
-    """A weight tile in ``dtype``: as stored, or fp8 e4m3 bytes widened in registers."""
+def _load_b(ptrs, mask, FP8: tl.constexpr):
+    """A weight tile as stored, or fp8 e4m3 from its bytes (the caller widens it to the activations' dtype)."""
     if FP8:
-        return tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True).to(dtype)
-    return tl.load(ptrs, mask=mask, other=0.0)
+        b = tl.load(ptrs, mask=mask, other=0).to(tl.float8e4nv, bitcast=True)
+    else:
+        b = tl.load(ptrs, mask=mask, other=0.0)
+    return b
 
 
 def gate_up_silu_kernel(x_ptr, w13_ptr, s13_ptr, h_ptr, sorted_slots_ptr, block_experts_ptr, num_rows_ptr,
@@ -65,8 +67,8 @@ def gate_up_silu_kernel(x_ptr, w13_ptr, s13_ptr, h_ptr, sorted_slots_ptr, block_
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        g = _load_b(g_ptrs, k_ok[:, None] & n_ok[None, :], FP8, x_ptr.dtype.element_ty)
-        u = _load_b(u_ptrs, k_ok[:, None] & n_ok[None, :], FP8, x_ptr.dtype.element_ty)
+        g = _load_b(g_ptrs, k_ok[:, None] & n_ok[None, :], FP8).to(x_ptr.dtype.element_ty)
+        u = _load_b(u_ptrs, k_ok[:, None] & n_ok[None, :], FP8).to(x_ptr.dtype.element_ty)
         acc_g = tl.dot(a, g, acc_g, input_precision=PRECISION)
         acc_u = tl.dot(a, u, acc_u, input_precision=PRECISION)
         a_ptrs += BLOCK_K
@@ -102,7 +104,7 @@ def down_kernel(h_ptr, w2_ptr, s2_ptr, y_ptr, weights_ptr, sorted_slots_ptr, blo
     for k0 in range(0, K, BLOCK_K):
         k_ok = offs_k < K - k0
         a = tl.load(a_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        b = _load_b(b_ptrs, k_ok[:, None] & n_ok[None, :], FP8, h_ptr.dtype.element_ty)
+        b = _load_b(b_ptrs, k_ok[:, None] & n_ok[None, :], FP8).to(h_ptr.dtype.element_ty)
         acc = tl.dot(a, b, acc, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
