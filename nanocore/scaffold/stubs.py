@@ -118,6 +118,7 @@ class $cls(MoEExecutor):
     tolerance = (1e-5, 1e-5)  # (atol, rtol) against the eager oracle
     supports_cuda_graph = False  # True once apply never synchronises with the host
     activations = ("silu",)
+    weight_formats = ("float",)  # add "fp8_channel" to take fp8 experts + w13_scale / w2_scale keywords (API 1.2)
 
     def __init__(self, options=None):
         super().__init__(check_options("$name", dict(options or {}), {}))
