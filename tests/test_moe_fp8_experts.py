@@ -231,3 +231,24 @@ def test_bench_moe_times_executors_on_fp8_experts_too(monkeypatch):
     assert row["fused_tb_per_s"] == 2 * row["fused+fp8_tb_per_s"]
     with pytest.raises(ValueError, match="no executor"):
         bench.variants({"eager": EagerMoEExecutor()}, ["fp8_channel"], device="cpu")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_fp8_experts_decode_in_cuda_graphs_as_without():
+    """The engine with fp8 experts: greedy tokens with CUDA graphs (decode captured) equal those run eagerly."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 experts need CUDA capability >= 8.9")
+    from nanocore import LLM, SamplingParams
+
+    prompts = [[int(t) for t in torch.randint(0, 512, (n,), generator=torch.Generator().manual_seed(n))]
+               for n in (3, 17, 40, 9)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    tokens = []
+    for enforce_eager in (False, True):
+        llm = LLM(str(FP8_DYNAMIC), device="cuda", dtype="bfloat16", moe_executor="triton_fused_moe",
+                  max_model_len=128, max_num_seqs=4, num_kv_blocks=64, enforce_eager=enforce_eager)
+        assert llm.engine.loaded.model.model.layers[0].mlp.experts.weight_format == "fp8_channel"
+        tokens.append([out.outputs[0].token_ids for out in llm.generate(prompts, params, use_tqdm=False)])
+        llm.close()
+    assert tokens[0] == tokens[1]
