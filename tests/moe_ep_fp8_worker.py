@@ -18,7 +18,7 @@ E, TOP_K, H, I = 8, 3, 16, 12
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     from nanocore.builtin.eager_moe import EagerMoEExecutor
-    from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed
+    from nanocore.distributed import destroy_distributed, exit_worker_process, init_distributed
     from nanocore.layers.moe import FusedMoE
     from nanocore.toolkit.numerics import quantize_fp8_per_row
     from nanocore_triton_fused_moe import TritonFusedMoEExecutor

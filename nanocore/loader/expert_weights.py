@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import Callable
 
 import torch
 

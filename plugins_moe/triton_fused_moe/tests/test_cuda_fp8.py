@@ -22,7 +22,9 @@ def inputs(m, e, k, h, i, dtype, seed=0, drop=0.0):
     weights = torch.softmax(torch.randn(m, k, generator=g), -1)
     ids = torch.randint(0, e, (m, k), generator=g)
     ids = torch.where(torch.rand(m, k, generator=g) < drop, -1, ids)
-    gain = lambda *shape: torch.exp2(torch.rand(*shape, 1, generator=g) * 4 - 2)  # noqa: E731
+
+    def gain(*shape):  # a random factor in [1/4, 4] per output row
+        return torch.exp2(torch.rand(*shape, 1, generator=g) * 4 - 2)
     w13 = torch.randn(e, 2 * i, h, generator=g) * h ** -0.5 * gain(e, 2 * i)
     w2 = torch.randn(e, h, i, generator=g) * i ** -0.5 * gain(e, h)
     q13, s13, q2, s2 = (t.cuda() for t in quantize_fp8_experts(w13, w2))
