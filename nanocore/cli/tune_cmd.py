@@ -26,6 +26,8 @@ def register(subparsers) -> None:
     moe.add_argument("--batch-sizes", default=None, help="comma-separated token counts (default: 1..4096, powers of two)")
     moe.add_argument("--output-dir", default=None, help="where to write the JSON (default: the user config folder searched at run time)")
     moe.add_argument("--quick", action="store_true", help="a small grid of candidates (minutes -> seconds)")
+    moe.add_argument("--weight-format", default="float", choices=["float", "fp8_channel"],
+                     help="expert weights to tune for: float (the dtype) or fp8_channel (fp8 experts, their own table)")
     moe.set_defaults(func=run_tune_moe)
 
 
@@ -52,6 +54,8 @@ def run_tune_moe(args: argparse.Namespace) -> int:
     if not hasattr(executor, "tune"):
         raise ValueError(f"MoE executor {args.executor!r} has no tunable kernels; try --executor triton_fused_moe")
     kwargs = {"quick": args.quick}
+    if args.weight_format != "float":  # only then: an executor's tune() of API 1.1 need not know the keyword
+        kwargs["weight_format"] = args.weight_format
     if args.batch_sizes:
         kwargs["batch_sizes"] = [int(m) for m in args.batch_sizes.split(",")]
     if args.output_dir:

@@ -5,7 +5,9 @@ this rank's expert intermediate size) and maps a token count M to one config; th
 nearest M is used. ``nanocore tune moe`` writes such files. Search order: the executor's
 ``config_dir`` option, ``$NANOCORE_MOE_CONFIG_DIR``, ``user_config_dir()`` (where the tuner writes by
 default), then the files shipped in this package. A table tuned under another Triton version of the
-same key is used when no exact match exists.
+same key is used when no exact match exists. fp8 experts (``weight_format="fp8_channel"``) have their own tables
+(``...,dtype={dtype},weights=fp8_channel,...``: ``nanocore tune moe --weight-format fp8_channel``) and otherwise use
+the float tables of the activations' dtype.
 """
 from __future__ import annotations
 
@@ -43,8 +45,11 @@ def device_name(device: torch.device) -> str:
     return name.replace(" ", "_")
 
 
-def config_file_name(num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str, triton: str) -> str:
-    return f"E={num_experts},N={intermediate},device_name={gpu},dtype={str(dtype).removeprefix('torch.')},triton={triton}.json"
+def config_file_name(num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str, triton: str,
+                     weight_format: str = "float") -> str:
+    weights = "" if weight_format == "float" else f",weights={weight_format}"
+    return (f"E={num_experts},N={intermediate},device_name={gpu},dtype={str(dtype).removeprefix('torch.')}{weights},"
+            f"triton={triton}.json")
 
 
 def default_config(num_tokens: int, num_experts: int, top_k: int, dtype: torch.dtype = torch.bfloat16) -> dict[str, int]:
@@ -83,21 +88,26 @@ class ConfigTable:
         self._tables: dict[tuple, dict[int, dict] | None] = {}  # per instance: a method-level cache kept them all alive
 
     def pick(self, num_tokens: int, num_experts: int, intermediate: int, top_k: int, dtype: torch.dtype,
-             device: torch.device) -> dict[str, int]:
-        table = self.table(num_experts, intermediate, dtype, device_name(device))
+             device: torch.device, weight_format: str = "float") -> dict[str, int]:
+        table = None
+        if weight_format != "float":  # its own tuned table, else the float one of the activations' dtype
+            table = self.table(num_experts, intermediate, dtype, device_name(device), weight_format)
+        table = table or self.table(num_experts, intermediate, dtype, device_name(device))
         if table is None:
             return default_config(num_tokens, num_experts, top_k, dtype)
         return table[min(table, key=lambda m: (abs(m - num_tokens), m))]
 
-    def table(self, num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str) -> dict[int, dict] | None:
-        key = (num_experts, intermediate, dtype, gpu)
+    def table(self, num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str,
+              weight_format: str = "float") -> dict[int, dict] | None:
+        key = (num_experts, intermediate, dtype, gpu, weight_format)
         if key not in self._tables:
-            self._tables[key] = self._find_table(num_experts, intermediate, dtype, gpu)
+            self._tables[key] = self._find_table(num_experts, intermediate, dtype, gpu, weight_format)
         return self._tables[key]
 
-    def _find_table(self, num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str) -> dict[int, dict] | None:
-        exact = config_file_name(num_experts, intermediate, dtype, gpu, triton_version())
-        any_triton = config_file_name(num_experts, intermediate, dtype, gpu, "*")
+    def _find_table(self, num_experts: int, intermediate: int, dtype: torch.dtype, gpu: str,
+                    weight_format: str = "float") -> dict[int, dict] | None:
+        exact = config_file_name(num_experts, intermediate, dtype, gpu, triton_version(), weight_format)
+        any_triton = config_file_name(num_experts, intermediate, dtype, gpu, "*", weight_format)
         for directory in self.search_dirs:
             if (directory / exact).is_file():
                 return read_table(directory / exact)

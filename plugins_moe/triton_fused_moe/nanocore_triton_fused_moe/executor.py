@@ -66,7 +66,8 @@ class TritonFusedMoEExecutor(MoEExecutor):
         if num_tokens == 0:
             return torch.zeros_like(x)
         num_experts, intermediate = w13.shape[0], w2.shape[2]
-        config = self.configs.pick(num_tokens, num_experts, intermediate, top_k, x.dtype, x.device)
+        config = self.configs.pick(num_tokens, num_experts, intermediate, top_k, x.dtype, x.device,
+                                   "fp8_channel" if fp8 else "float")
         if self.impl == "torch" or (self.impl == "auto" and not x.is_cuda):
             return fused_moe_torch(x, topk_weights, topk_ids, w13, w2, block_m=config["BLOCK_M"], **scales)
         from nanocore_triton_fused_moe.kernels import fused_experts  # imports triton only when used

@@ -76,3 +76,24 @@ def test_declares_fp8_channel_and_its_device_needs():
         assert "CUDA" in executor.supports_weight_format("fp8_channel", torch.device("cuda"))
     assert TritonFusedMoEExecutor({"impl": "torch"}).supports_weight_format("fp8_channel",
                                                                             torch.device("cuda")) is None
+
+
+def test_fp8_experts_have_their_own_tuned_table_and_fall_back_to_the_float_one(tmp_path):
+    import json
+
+    from nanocore_triton_fused_moe.configs import ConfigTable, config_file_name, triton_version
+
+    tile = dict(BLOCK_N=32, BLOCK_K=32, GROUP_M=1, num_warps=4, num_stages=2)
+    float_name = config_file_name(8, 32, torch.float32, "cpu", triton_version())
+    (tmp_path / float_name).write_text(json.dumps({"1": dict(BLOCK_M=16, **tile)}))
+    cpu = torch.device("cpu")
+    assert ConfigTable(str(tmp_path)).pick(1, 8, 32, 2, torch.float32, cpu, "fp8_channel")["BLOCK_M"] == 16
+    fp8_name = config_file_name(8, 32, torch.float32, "cpu", triton_version(), "fp8_channel")
+    assert "weights=fp8_channel" in fp8_name and fp8_name != float_name
+    (tmp_path / fp8_name).write_text(json.dumps({"1": dict(BLOCK_M=32, **tile)}))
+    table = ConfigTable(str(tmp_path))
+    assert table.pick(1, 8, 32, 2, torch.float32, cpu, "fp8_channel")["BLOCK_M"] == 32
+    assert table.pick(1, 8, 32, 2, torch.float32, cpu)["BLOCK_M"] == 16
+    args, scales = fp8_inputs(9, 8, 2, 16, 32, seed=3)
+    out = TritonFusedMoEExecutor({"impl": "triton", "config_dir": str(tmp_path)}).apply(*args, **scales)
+    torch.testing.assert_close(out, fused_moe_torch(*args, block_m=32, **scales), atol=1e-5, rtol=1e-5)
