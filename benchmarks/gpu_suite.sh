@@ -7,7 +7,8 @@
 # Sections: tests engine profile codecs prefix moe interference attention (default), and
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
-#   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), contract (cuda conformance), and on a 2-GPU
+#   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
+#   new GPU paths and figures), contract (cuda conformance), and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -145,6 +146,22 @@ serve)  # served vs offline output tok/s at concurrency 256 (one server, one cal
 serveprof)  # concurrency 256 vs offline with a GIL profile of server and clients (py-spy raw stacks, ~300 s)
   TAIL=24 step 320 /tmp/site/bin/py-spy record --gil --subprocesses -r 50 -f raw -o "$out/serve_c256.gil.txt" -- \
     $N bench serve $Q06 --max-model-len 2048 --concurrency 256 --compare-offline --json "$out/serve_c256_prof.json" ;;
+verify6)  # session 6's GPU paths first (~330 s): fresh-K/V prefill attention, kernel warm-up, fp8 MoE experts,
+  # packed W8A16 / block fp8 on int8 + fp8 plugins, then the check that nothing compiles after the engine is ready
+  TAIL=14 step 150 python3 -m pytest -q -m cuda -x -rf --tb=short tests/test_attention_fresh_kv.py tests/test_kernels_attention.py
+  TAIL=14 step 110 python3 -m pytest -q -m cuda -rf --tb=short tests/test_kernel_warmup_gpu.py tests/test_gpu_engine.py \
+    tests/test_engine_async.py tests/test_kernels_small_ops.py tests/test_kernels_kv_store.py tests/test_moe_fp8_experts.py \
+    plugins_moe tests/test_producer_checkpoints.py plugins_quant/int8_w8a8
+  TAIL=24 step 120 python3 benchmarks/compile_check.py --json "$out/compile_check.json" ;;
+perf6)  # session 6's figures (~300 s): prefill 8 x 4096 per codec (the chunk reads its own K/V unquantized), chunk
+  # attention per codec, serve TTFT / TPOT at Poisson rates with the kernel warm-up
+  for c in unquantized k_int8_v_fp8 int8 fp8_e4m3; do
+    TAIL=3 step 45 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager --kv-codec $c \
+      --json "$out/prefill_qwen3_0.6b_$c.json"
+  done
+  TAIL=30 step 60 python3 benchmarks/attention_chunk_codec.py "$out"
+  TAIL=16 step 110 $N bench serve $Q06 --max-model-len 2048 --request-rate 4,16,64 --num-prompts 48 --warmup one \
+    --json "$out/serve_rates_qwen3_0.6b.json" ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
