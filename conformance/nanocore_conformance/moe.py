@@ -111,8 +111,11 @@ class MoEExecutorConformance(BackendContractConformance):
             nearer = (out.float() - exact).abs() < (out.float() - expected.float()).abs()
             expected = torch.where(nearer, exact, expected.float())
         where = f"M={args[0].shape[0]} tokens, E={args[3].shape[0]} experts, top_k={args[2].shape[1]}"
+        # fp8 rows carry gains up to 4x in both layers: outputs (and every bf16 rounding inside) grow with them, so
+        # the absolute tolerance follows the output's rms (an element that cancels to near 0 keeps its terms' error)
+        atol_scale = max(1.0, float(expected.float().pow(2).mean().sqrt())) if weight_format != "float" else 1.0
         assert_close(out, expected, backend_cls.tolerance,
-                     f"{self.backend} MoE ({activation}, {weight_format} experts, {where}) vs eager")
+                     f"{self.backend} MoE ({activation}, {weight_format} experts, {where}) vs eager", atol_scale)
 
     def _skip_unless_fp8_channel(self, backend_cls, options, device):
         if "fp8_channel" not in backend_cls.weight_formats:
