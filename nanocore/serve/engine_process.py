@@ -21,7 +21,7 @@ import threading
 import uuid
 
 from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.async_engine import RequestStream, _call_soon, _deliver, _settle
+from nanocore.serve.delivery import RequestStream, call_soon, deliver, settle
 from nanocore.serve.protocol import APIError
 from nanocore.serve.request_state import RequestUpdate
 
@@ -249,7 +249,7 @@ class EngineProcessFront:
                 elif kind == "metrics":
                     loop, future = self._metrics_waiters.get(payload[0], (None, None))
                     if future is not None:
-                        _call_soon(loop, _set_result, future, payload[1])
+                        call_soon(loop, _set_result, future, payload[1])
                 elif kind == "closed":
                     break
         except (EOFError, OSError):
@@ -265,13 +265,13 @@ class EngineProcessFront:
                 if handle is not None:  # else aborted here while the step ran
                     batches.setdefault(handle.loop, []).append((handle.queue, update))
         for loop, items in batches.items():
-            _call_soon(loop, _deliver, items)
+            call_soon(loop, deliver, items)
 
     def _settle_accepted(self, request_id: str, error) -> None:
         with self._lock:
             handle = self._requests.pop(request_id, None) if error is not None else self._requests.get(request_id)
         if handle is not None:
-            _call_soon(handle.loop, _settle, handle.accepted, decode_error(error))
+            call_soon(handle.loop, settle, handle.accepted, decode_error(error))
 
     def _fail_the_rest(self) -> None:
         """The child is gone: every request still here ends with a 503 (or is refused, if not yet accepted)."""
@@ -281,10 +281,10 @@ class EngineProcessFront:
         message = "the engine stopped before this request finished"
         for handle in handles:
             if not handle.accepted.done():
-                _call_soon(handle.loop, _settle, handle.accepted,
+                call_soon(handle.loop, settle, handle.accepted,
                            APIError(503, message, type="server_error", code="service_unavailable"))
             else:
-                _call_soon(handle.loop, _deliver, [(handle.queue, RequestUpdate(finished=True, error=message,
+                call_soon(handle.loop, deliver, [(handle.queue, RequestUpdate(finished=True, error=message,
                                                                                  status=503))])
 
 

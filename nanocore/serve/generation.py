@@ -8,7 +8,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.async_engine import AsyncEngine, RequestStream
+from nanocore.serve.async_engine import AsyncEngine
+from nanocore.serve.delivery import RequestStream
 from nanocore.serve.protocol import APIError, bad_request
 from nanocore.serve.request_state import RequestUpdate
 from nanocore.serve.responses import ResponseShape, sse, usage
