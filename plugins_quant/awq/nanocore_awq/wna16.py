@@ -61,8 +61,10 @@ class WNA16LinearMethod(LinearMethod):
 
     @classmethod
     def checkpoint_support(cls, quantization_config):
-        """compressed-tensors pack-quantized and GPTQ: int4 / int8 weights, group or channel, weight-only."""
-        return weight_only_int_support(cls.__name__, quantization_config, formats=("pack-quantized", "gptq"))
+        """compressed-tensors pack-quantized and GPTQ (v1 and v2 zero points): int4 / int8 weights, group or channel,
+        weight-only."""
+        return weight_only_int_support(cls.__name__, quantization_config,
+                                       formats=("pack-quantized", "gptq", "gptq_v2"))
 
     def quant_scheme(self) -> QuantScheme:
         return QuantScheme(weights=self.weights)

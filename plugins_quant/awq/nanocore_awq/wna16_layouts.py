@@ -89,6 +89,20 @@ def gptq_params(method, layer, k: int, partitions: list[int], input_size: int, w
 LAYOUTS = {"compressed-tensors": compressed_tensors_params, "gptq": gptq_params}
 
 
+def gptq_v1_words_to_v2(qzeros: torch.Tensor, bits: int) -> torch.Tensor:
+    """GPTQ v1 ``qzeros`` words -> v2 (the zero points themselves).
+
+    v1 stores zero - 1. GPTQModel writes it by subtracting ``0x11111111`` (4-bit; ``0x01010101`` for 8-bit) from
+    each whole packed int32 word and reads it back by adding the same constant to the word, so a zero point 0
+    (asymmetric GPTQ gives it to a row-group with no negative weight) is stored as a borrow from the next value of
+    the word, not as a lone 0xF. Adding per word, mod 2^32, inverts that exactly and equals adding 1 per value for
+    every word without a borrow.
+    """
+    step = sum(1 << shift for shift in range(0, 32, bits))
+    words = (qzeros.to(torch.int64) + step) & 0xFFFFFFFF
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+
 def canonical_tensors(method, layer):
     """(unsigned q [N, K], scales [N, G], unsigned zeros [N, G], act-order g_idx [K] or per-shard [S, K] or None)."""
     bits, k = method.weights.num_bits, method.input_size
@@ -96,8 +110,9 @@ def canonical_tensors(method, layer):
     if method.layout == "gptq":
         n = layer.qweight.shape[1]
         q = unpack_int32(layer.qweight.data, bits, k, dim=0).t()
-        offset = 0 if str(method.options.get("quantization_config", {}).get("checkpoint_format")) == "gptq_v2" else 1
-        zeros = (unpack_int32(layer.qzeros.data, bits, n, dim=1) + offset).t()  # GPTQ v1 stores zero - 1
+        v2 = str(method.options.get("quantization_config", {}).get("checkpoint_format")) == "gptq_v2"
+        qzeros = layer.qzeros.data if v2 else gptq_v1_words_to_v2(layer.qzeros.data, bits)
+        zeros = unpack_int32(qzeros, bits, n, dim=1).t()
         scales, g_idx = layer.scales.data.t(), layer.g_idx.data
     else:
         n = layer.weight_packed.shape[0]
