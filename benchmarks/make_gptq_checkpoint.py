@@ -5,6 +5,7 @@
     echo torch==2.13.0 > /tmp/pin.txt
     /work/venv-gptq/bin/pip install -c /tmp/pin.txt gptqmodel==7.6.0   # pure-Python sdist: no CUDA build
     GPTQMODEL_CPU_WORKERS=2 /work/venv-gptq/bin/python benchmarks/make_gptq_checkpoint.py tests/data/producers
+    GPTQMODEL_CPU_WORKERS=2 /work/venv-gptq/bin/python benchmarks/make_gptq_checkpoint.py OUT --smollm2 CALIB_TEXT [N]
 
 (7.7.0 needs torch >= 2.14.1, which is not on this machine as a CPU wheel; 7.6.0 needs torch >= 2.8 and brings
 transformers 5.24.0. On a 2-core machine GPTQModel asks for 2 "model_loader" CPU workers but sizes its CPU pool to
@@ -27,6 +28,11 @@ Beside each: ``reference_logits.pt`` with ``logits``: a float32 model holding wh
 dequantizes in float32 too), and ``forward_logits``: GPTQModel's own forward on CPU (its ``TorchLinear`` kernel,
 which takes float16 / bfloat16 only; float16 here). The tokenizer GPTQModel copies in (3.4 MB) and its
 ``quant_log.csv`` are dropped.
+
+``--smollm2`` quantizes SmolLM2-135M (4-bit, group 64 since 576 is no multiple of 128, act-order, sym, v1) on N
+(default 32) random 512-token windows of CALIB_TEXT (seed 0, as ``nanocore quantize --calib-text`` draws them; 172 s
+on this 2-core CPU) into ``OUT/smollm2_gptqmodel_g64`` and writes ``OUT/smollm2_gptqmodel_g64_dequant``, its float32
+twin (GPTQModel's own ``dequantize_weight``): the int4 gate's reference in docs/benchmarks-quant.md.
 """
 from __future__ import annotations
 
@@ -121,6 +127,55 @@ def make(out: Path, name: str) -> None:
           f"desc_act={qc['desc_act']} {sum(f.stat().st_size for f in folder.iterdir()) // 1024} kB")
 
 
+def smollm2(out: Path, calib_text: Path, samples: int = 32, seqlen: int = 512) -> int:
+    """SmolLM2-135M through GPTQModel (4-bit, group 64, act-order, sym, v1) and its dequantized float32 twin."""
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import PreTrainedTokenizerFast
+
+    src = TOKENIZER
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(src / "tokenizer.json"))
+    ids = tokenizer(calib_text.read_text(), return_tensors="pt").input_ids[0]
+    starts = torch.randint(0, ids.numel() - seqlen, (samples,), generator=torch.Generator().manual_seed(0))
+    calib = [{"input_ids": ids[s:s + seqlen].tolist(), "attention_mask": [1] * seqlen} for s in starts.tolist()]
+    folder, dequant = out / "smollm2_gptqmodel_g64", out / "smollm2_gptqmodel_g64_dequant"
+    config = QuantizeConfig(bits=4, group_size=64, desc_act=True, sym=True, format="gptq", offload_to_disk=False)
+    model = GPTQModel.load(str(src), config, device="cpu")
+    start = time.perf_counter()
+    model.quantize(calib, batch_size=4)
+    print(f"GPTQModel quantize SmolLM2: {time.perf_counter() - start:.0f} s")
+    for path in (folder, dequant):
+        shutil.rmtree(path, ignore_errors=True)
+    model.save(str(folder))
+    dequantized_twin(folder, src, dequant)
+    print(folder, dequant)
+    return 0
+
+
+def dequantized_twin(folder: Path, src: Path, dequant: Path) -> None:
+    """A float32 copy of ``folder``: every quantized linear as GPTQModel's ``dequantize_weight`` reads it (float32
+    scales), every other tensor as GPTQModel wrote it (it saves embeddings and norms in bfloat16)."""
+    from gptqmodel import BACKEND, GPTQModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    quantized = GPTQModel.load(str(folder), device="cpu", backend=BACKEND.TORCH, dtype=torch.float16)
+    ref = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    tensors = {}
+    for path in folder.glob("*.safetensors"):
+        tensors.update(load_file(path))
+    for name, p in ref.named_parameters():
+        if name in tensors:
+            p.data = tensors[name].float()
+    for name, module in quantized.model.named_modules():
+        if hasattr(module, "qweight"):
+            module.scales = module.scales.float()
+            ref.get_submodule(name).weight.data = module.dequantize_weight().t().float().contiguous()
+    shutil.rmtree(dequant, ignore_errors=True)
+    ref.save_pretrained(dequant)
+    for tok in src.glob("tokenizer*"):
+        shutil.copy(tok, dequant / tok.name)
+
+
 def main(out: Path, names: list[str]) -> int:
     out = out.resolve()
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,4 +186,8 @@ def main(out: Path, names: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    if len(sys.argv) in (4, 5) and sys.argv[2] == "--smollm2":  # OUT --smollm2 CALIB_TEXT [SAMPLES]
+        out_dir, text = Path(sys.argv[1]).resolve(), Path(sys.argv[3]).resolve()
+        os.chdir(tempfile.mkdtemp())  # GPTQModel writes a logs/ folder into the working directory
+        sys.exit(smollm2(out_dir, text, *map(int, sys.argv[4:])))
     sys.exit(main(Path(sys.argv[1]), sys.argv[2:]))

@@ -1,8 +1,8 @@
 """GPTQ checkpoints (``quant_method: gptq``, act-order ``g_idx``) load into ``wna16``.
 
-No GPTQ producer installs on this CPU machine (AutoGPTQ / GPTQModel build CUDA kernels), so the tensors follow the
-documented GPTQ v1 layout: ``qweight [K/8, N]`` int32 packed along K (value i of a word at bits 4i), ``qzeros
-[G, N/8]`` packed along N holding zero - 1, fp16 ``scales [G, N]``, ``g_idx [K]`` (the group of each input).
+The tensors here follow the documented GPTQ v1 layout: ``qweight [K/8, N]`` int32 packed along K (value i of a word
+at bits 4i), ``qzeros [G, N/8]`` packed along N holding zero - 1, fp16 ``scales [G, N]``, ``g_idx [K]`` (the group of
+each input); unlike GPTQModel's own output (test_gptq_producer.py) the act-order differs per q/k/v shard.
 """
 from __future__ import annotations
 
