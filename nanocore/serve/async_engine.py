@@ -18,7 +18,7 @@ import torch
 
 from nanocore.engine.llm import LLM
 from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.delivery import LoopSink, RequestStream
+from nanocore.serve.delivery import LoopSink, RequestStream, check_admission
 from nanocore.serve.engine_info import describe
 from nanocore.serve.metrics import ServerMetrics
 from nanocore.serve.protocol import APIError
@@ -72,12 +72,7 @@ class AsyncEngine:
         tracked = TrackedRequest(f"req-{uuid.uuid4().hex}", prompt_token_ids, params, asyncio.get_running_loop(),
                                  streaming, self.stream_interval)
         with self._lock:
-            if not self._accepting or self._closed:
-                raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
-            if self._num_waiting >= self.max_waiting_requests:
-                raise APIError(429, f"too many waiting requests ({self._num_waiting}, limit "
-                                    f"{self.max_waiting_requests}); retry later", type="rate_limit_error",
-                               code="rate_limit_exceeded")
+            check_admission(self._accepting, self._closed, self._num_waiting, self.max_waiting_requests)
             self._num_waiting += 1
             self._send_command(("add", tracked))
         try:

@@ -4,7 +4,17 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
+from nanocore.serve.protocol import APIError
 from nanocore.serve.request_state import RequestUpdate, TrackedRequest, merge_updates
+
+
+def check_admission(accepting: bool, closed: bool, num_waiting: int, limit: int) -> None:
+    """A new request's refusal, shared by both engine fronts: 503 while shutting down, 429 over the queue limit."""
+    if not accepting or closed:
+        raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
+    if num_waiting >= limit:
+        raise APIError(429, f"too many waiting requests ({num_waiting}, limit {limit}); retry later",
+                       type="rate_limit_error", code="rate_limit_exceeded")
 
 
 class LoopSink:

@@ -21,7 +21,7 @@ import threading
 import uuid
 
 from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.delivery import RequestStream, call_soon, deliver, settle
+from nanocore.serve.delivery import RequestStream, call_soon, check_admission, deliver, settle
 from nanocore.serve.protocol import APIError
 from nanocore.serve.request_state import RequestUpdate
 
@@ -172,12 +172,7 @@ class EngineProcessFront:
                      streaming: bool = False) -> RequestStream:
         request_id, handle = f"req-{uuid.uuid4().hex}", _Handle(asyncio.get_running_loop())
         with self._lock:
-            if not self._accepting or self._closed:
-                raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
-            if self._num_waiting >= self.max_waiting_requests:
-                raise APIError(429, f"too many waiting requests ({self._num_waiting}, limit "
-                                    f"{self.max_waiting_requests}); retry later", type="rate_limit_error",
-                               code="rate_limit_exceeded")
+            check_admission(self._accepting, self._closed, self._num_waiting, self.max_waiting_requests)
             self._num_waiting += 1
             self._requests[request_id] = handle
             self._commands.send(("add", request_id, prompt_token_ids, params, streaming))
