@@ -1,0 +1,59 @@
+"""How many KV blocks the engine gets: a fixed count, a profiled GPU budget, or ``cpu_kv_cache_gib`` on CPU."""
+from __future__ import annotations
+
+import torch
+
+from nanocore.config import EngineConfig
+from nanocore.interfaces import KVCodec
+from nanocore.layers.attention import AttentionMetadata
+
+
+def kv_bytes_per_block(codec: KVCodec, kv_cache_spec: tuple[int, int, int], dtype: torch.dtype, block_size: int) -> int:
+    num_layers, num_kv_heads, head_dim = kv_cache_spec
+    return num_layers * block_size * codec.bytes_per_token(num_kv_heads, head_dim, dtype)
+
+
+def num_kv_blocks_for_cpu(config: EngineConfig, bytes_per_block: int) -> int:
+    num_blocks = int(config.cpu_kv_cache_gib * (1 << 30)) // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(f"cpu_kv_cache_gib={config.cpu_kv_cache_gib} holds no KV block of {bytes_per_block} bytes; raise it")
+    return num_blocks
+
+
+def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes_per_block: int,
+                          device: torch.device) -> int:
+    """CUDA: run a max-size forward without cache, then give the KV cache what gpu_memory_utilization leaves."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    free, total = torch.cuda.mem_get_info(device)
+    allocated_before = torch.cuda.memory_allocated(device)
+    num_tokens = min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+    num_seqs = max(1, min(config.max_num_seqs, num_tokens // max_model_len))
+    lens = [num_tokens // num_seqs] * num_seqs
+    meta = AttentionMetadata.for_prefill(lens, device)
+    with torch.inference_mode():
+        input_ids = torch.zeros(sum(lens), dtype=torch.int64, device=device)
+        positions = torch.cat([torch.arange(n, device=device) for n in lens])
+        hidden = model.forward(input_ids, positions, meta)
+        model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+    torch.cuda.synchronize(device)
+    activation_peak = torch.cuda.max_memory_allocated(device) - allocated_before
+    used_now = total - free  # weights, CUDA context and other processes
+    budget = total * config.gpu_memory_utilization - used_now - activation_peak
+    num_blocks = int(budget // bytes_per_block)
+    if num_blocks < 1:
+        raise RuntimeError(
+            f"no GPU memory left for the KV cache (budget {budget / 2**30:.2f} GiB after weights and a "
+            f"{num_tokens}-token forward); raise gpu_memory_utilization or lower max_num_batched_tokens")
+    torch.cuda.empty_cache()
+    return num_blocks
+
+
+def choose_num_kv_blocks(config: EngineConfig, model, max_model_len: int, bytes_per_block: int,
+                         device: torch.device) -> int:
+    """The configured block count, else profiled (CUDA) or sized from ``cpu_kv_cache_gib`` (CPU)."""
+    if config.num_kv_blocks is not None:
+        return config.num_kv_blocks
+    if device.type == "cuda":
+        return profile_num_kv_blocks(model, config, max_model_len, bytes_per_block, device)
+    return num_kv_blocks_for_cpu(config, bytes_per_block)
