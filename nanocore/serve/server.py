@@ -14,7 +14,6 @@ from fastapi import FastAPI
 from nanocore.engine.llm import LLM
 from nanocore.serve.api import ServerState, build_app
 from nanocore.serve.async_engine import AsyncEngine
-from nanocore.serve.engine_info import backends_in_use  # noqa: F401  (re-exported: its old home)
 
 #: The engine thread waits for the GPU with the GIL released; when the wait ends it must get the GIL back from
 #: the HTTP thread within about this long (Python's default, 5 ms, can idle the GPU for a whole decode step).
