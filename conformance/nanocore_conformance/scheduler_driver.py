@@ -81,10 +81,17 @@ class SchedulerDriver:
         seqs = [Sequence(i, i, make_prompt(i, p), SamplingParams(max_tokens=o, ignore_eos=True), o)
                 for i, (_, p, o) in enumerate(arrivals)]
         result = DriveResult(0, 0, {})
-        max_steps = sum(p + o for _, p, o in arrivals) * (2 + len(arrivals)) + max(a for a, _, _ in arrivals) + 1
-        step = 0
+        # liveness: a new output token (never lost to preemption) at least every `stall_limit` steps; between two
+        # of them the worst legal case recomputes every sequence from position 0 at one token per step
+        stall_limit = sum(p + o for _, p, o in arrivals) * (1 + len(arrivals)) + max(a for a, _, _ in arrivals) + 1
+        step, last_progress, tokens_seen = 0, 0, sum(s.num_tokens for s in seqs)
         while step <= max(a for a, _, _ in arrivals) or self.scheduler.has_unfinished():
-            assert step <= max_steps, f"no progress after {step} steps: {self.scheduler.waiting} {self.scheduler.running}"
+            tokens_now = sum(s.num_tokens for s in seqs)
+            if tokens_now != tokens_seen:
+                last_progress, tokens_seen = step, tokens_now
+            assert step - last_progress <= stall_limit, (
+                f"no progress for {step - last_progress} steps (no new token; step {step}): "
+                f"{self.scheduler.waiting} {self.scheduler.running}")
             for seq, (arrive, _, _) in zip(seqs, arrivals):
                 if arrive == step:
                     self.scheduler.add(seq)
