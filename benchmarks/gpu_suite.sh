@@ -162,6 +162,27 @@ perf6)  # session 6's figures (~300 s): prefill 8 x 4096 per codec (the chunk re
   TAIL=30 step 60 python3 benchmarks/attention_chunk_codec.py "$out"
   TAIL=16 step 110 $N bench serve $Q06 --max-model-len 2048 --request-rate 4,16,64 --num-prompts 48 --warmup one \
     --json "$out/serve_rates_qwen3_0.6b.json" ;;
+probe7)  # session 7: ncu of the decode attention kernels at 64 x 4K (bf16 vs the one-byte paths), timings at GQA 2 and 7
+  for spec in "bf16" "int8 fold" "int8 fp16_vw" "fp8_e4m3 fp16_hwcvt" "k_int8_v_fp8 fold"; do
+    tag=$(echo $spec | tr ' ' _); echo "== ncu $spec"
+    timeout 90 ncu --clock-control none --set full -k regex:paged_attention_kernel --launch-skip 4 --launch-count 1 \
+      -o "$out/ncu_$tag" python3 -m benchmarks.attention_probe $spec >"$out/ncu_$tag.log" 2>&1; tail -2 "$out/ncu_$tag.log"
+    ncu -i "$out/ncu_$tag.ncu-rep" --page details --csv >"$out/ncu_$tag.details.csv" 2>&1
+    ncu -i "$out/ncu_$tag.ncu-rep" --page source --csv --print-source sass >"$out/ncu_$tag.sass.csv" 2>&1
+  done
+  for heads in "16 8" "28 4"; do for spec in "bf16" "int8" "fp8_e4m3" "k_int8_v_fp8"; do for shape in "64 4096" "256 512"; do
+    set -- $heads; h=$1; kvh=$2; set -- $shape
+    timeout 60 python3 -m benchmarks.attention_probe $spec --time --heads $h --kv-heads $kvh --seqs $1 --ctx $2 2>&1 | tail -1
+  done; done; done ;;
+kvbound)  # issue 17's KV-bound workload per codec (Llama-3.1-8B shapes, 512 seqs; kernel warm-up at start, one short
+  # untimed request: a full warm-up pass would double ~1 min per codec); CODECS overrides the list
+  for c in ${CODECS:-unquantized k_int8_v_fp8 int8 fp8_e4m3}; do
+    TAIL=8 step 240 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$out/throughput_kv_bound_llama3.1_8b_$c.json"
+  done ;;
+moefp8)  # the fp8 expert conformance check on cuda after its tolerance change (session 6)
+  TAIL=8 step 120 python3 -m pytest -q -m cuda -rf --tb=short plugins_moe/triton_fused_moe/tests/test_conformance.py \
+    tests/test_moe_fp8_experts.py ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
