@@ -183,6 +183,8 @@ kvbound)  # issue 17's KV-bound workload per codec (Llama-3.1-8B shapes, 512 seq
 moefp8)  # the fp8 expert conformance check on cuda after its tolerance change (session 6)
   TAIL=8 step 120 python3 -m pytest -q -m cuda -rf --tb=short plugins_moe/triton_fused_moe/tests/test_conformance.py \
     tests/test_moe_fp8_experts.py ;;
+sweep7)  # one-byte decode attention: quant paths x tiles x forced splits at GQA 2 and 4, compiled in parallel (~200 s)
+  TAIL=40 step 400 python3 -m benchmarks.attention_decode_sweep "$out" ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

@@ -1,0 +1,140 @@
+"""Decode attention over one-byte KV: a wide sweep of quant paths, tiles and forced KV splits (GPU only).
+
+``python3 -m benchmarks.attention_decode_sweep OUTDIR [--workers 14]``: first every variant is compiled in
+parallel worker processes (Triton's on-disk cache then serves the timing process), then each is checked
+against the torch reference (``attention_quant_tune.rel_err``) and timed per layer at 64 x 4096 and 256 x 512
+for GQA 2 (Qwen3-0.6B, 16 q / 8 kv heads) and GQA 4 (Llama-3.1-8B, 32 / 8), with the bf16 cache's default as the
+baseline. Writes ``OUTDIR/attention_decode_sweep.json`` after every group and prints the best variants.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+
+HEADS = {"gqa2": (16, 8), "gqa4": (32, 8)}
+SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512)}
+LAYOUTS = ("int8", "fp8_e4m3", "k_int8_v_fp8")
+PATHS = ("fold", "fp16_hwcvt")
+TILES = [(128, 4, 2), (128, 8, 2), (128, 4, 3), (64, 4, 2), (64, 4, 3), (64, 2, 2), (64, 2, 3), (64, 8, 2),
+         (32, 2, 3), (32, 4, 3), (32, 1, 3)]
+SPLIT_TILES = [(64, 4, 3), (64, 2, 3), (32, 2, 3)]
+
+
+def variants() -> list[tuple]:
+    """(heads key, layout, path, (block_n, warps, stages), forced splits or 0)."""
+    out = [(h, "bf16", "default", None, 0) for h in HEADS]
+    for h, layout, path in itertools.product(HEADS, LAYOUTS, PATHS):
+        out += [(h, layout, path, t, 0) for t in TILES]
+        out += [(h, layout, path, t, s) for t in SPLIT_TILES for s in (2, 4, 8)]
+    return out
+
+
+def _setup(heads: str):
+    from benchmarks import attention_quant_tune as aqt
+    aqt.HEADS, aqt.KV_HEADS = HEADS[heads]
+    return aqt
+
+
+def _config(path, tile, splits):
+    from nanocore.kernels import paged_attention as pa
+    return None if tile is None else pa.AttentionConfig(16, *tile, splits, path)
+
+
+def _cases(aqt, codec):
+    return {shape: aqt.make_case(codec, [(1, ctx)] * n) for shape, (n, ctx) in SHAPES.items()}
+
+
+def compile_group(args) -> str:
+    """Worker: run every variant of one (heads, layout) once per shape, so its kernels are compiled to disk."""
+    heads, layout, group = args
+    aqt = _setup(heads)
+    codec = aqt.codecs()[layout]
+    cases = _cases(aqt, codec)
+    errors = 0
+    for _, _, path, tile, splits in group:
+        for q, cache, meta in cases.values():
+            try:
+                aqt.run(q, cache, meta, codec, _config(path, tile, splits))
+            except Exception:  # the timing process records the error
+                errors += 1
+    return f"{heads} {layout}: {len(group)} variants, {errors} errors"
+
+
+def time_group(heads: str, layout: str, group: list, rows: list) -> None:
+    import torch
+    from triton.testing import do_bench
+    aqt = _setup(heads)
+    codec = aqt.codecs()[layout]
+    cases = _cases(aqt, codec)
+    for _, _, path, tile, splits in group:
+        cfg = _config(path, tile, splits)
+        row = {"heads": heads, "layout": layout, "path": path, "tile": tile, "splits": splits}
+        try:
+            row["rel_err"] = aqt.rel_err(codec, aqt.DECODE_CHECK, cfg, 1)
+            for shape, (q, cache, meta) in cases.items():
+                row[shape] = 1e3 * do_bench(lambda: aqt.run(q, cache, meta, codec, cfg), warmup=10, rep=40,
+                                            return_mode="median")
+        except Exception as exc:
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
+        rows.append(row)
+    torch.cuda.empty_cache()
+
+
+def summarize(rows: list) -> list[str]:
+    base = {(r["heads"], s): r[s] for r in rows if r["layout"] == "bf16" and "error" not in r for s in SHAPES}
+    lines = []
+    for heads, layout, shape in itertools.product(HEADS, LAYOUTS, SHAPES):
+        ok = [r for r in rows if r["heads"] == heads and r["layout"] == layout and shape in r
+              and r.get("rel_err", 1) < 2e-2]
+        for r in sorted(ok, key=lambda r: r[shape])[:3]:
+            lines.append(f"{heads} {layout:<13} {shape:<8} {r[shape]:7.1f} us x{r[shape] / base[(heads, shape)]:.2f} "
+                         f"bf16  {r['path']} {r['tile']} split {r['splits']}")
+    for (heads, shape), us in base.items():
+        lines.append(f"{heads} bf16 {shape}: {us:.1f} us")
+    lines += [f"FAILED {r}" for r in rows if "error" in r or r.get("rel_err", 0) >= 2e-2]
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("outdir")
+    p.add_argument("--workers", type=int, default=14)
+    args = p.parse_args(argv)
+    start = time.monotonic()
+    groups = {}
+    for v in variants():
+        groups.setdefault((v[0], v[1]), []).append(v)
+    # compile: split each (heads, layout) group in chunks so the workers share the load
+    jobs = [(h, lay, g[i::4]) for (h, lay), g in groups.items() for i in range(4) if g[i::4]]
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        for msg in pool.map(compile_group, jobs):
+            print("compiled", msg, flush=True)
+    print(f"compile phase {time.monotonic() - start:.0f} s", flush=True)
+    import torch
+    import triton
+    rows: list = []
+    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+           "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "heads": HEADS, "shapes": SHAPES, "rows": rows}
+    path = os.path.join(args.outdir, "attention_decode_sweep.json")
+    for (h, lay), g in groups.items():
+        time_group(h, lay, g, rows)
+        with open(path, "w") as f:
+            json.dump(out, f, indent=1)
+    lines = summarize(rows)
+    out["summary"] = lines
+    out["wall_s"] = time.monotonic() - start
+    with open(path, "w") as f:
+        json.dump(out, f, indent=1)
+    print("\n".join(lines))
+    print(f"wrote {path} in {out['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
