@@ -17,21 +17,28 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 
-HEADS = {"gqa2": (16, 8), "gqa4": (32, 8)}
+HEADS = {"gqa2": (16, 8), "gqa4": (32, 8), "gqa7": (28, 4)}
 SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512)}
 LAYOUTS = ("int8", "fp8_e4m3", "k_int8_v_fp8")
 PATHS = ("fold", "fp16_hwcvt")
 TILES = [(128, 4, 2), (128, 8, 2), (128, 4, 3), (64, 4, 2), (64, 4, 3), (64, 2, 2), (64, 2, 3), (64, 8, 2),
          (32, 2, 3), (32, 4, 3), (32, 1, 3)]
 SPLIT_TILES = [(64, 4, 3), (64, 2, 3), (32, 2, 3)]
+#: second round (after the first showed 1-warp programs winning): 1-warp tiles x forced splits, fp16_hwcvt
+ONE_WARP_TILES = [(32, 1, 3), (32, 1, 2), (16, 1, 3), (64, 1, 2)]
 
 
-def variants() -> list[tuple]:
-    """(heads key, layout, path, (block_n, warps, stages), forced splits or 0)."""
-    out = [(h, "bf16", "default", None, 0) for h in HEADS]
-    for h, layout, path in itertools.product(HEADS, LAYOUTS, PATHS):
-        out += [(h, layout, path, t, 0) for t in TILES]
-        out += [(h, layout, path, t, s) for t in SPLIT_TILES for s in (2, 4, 8)]
+def variants(which: str = "one_warp") -> list[tuple]:
+    """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
+    heads = HEADS if which == "one_warp" else ("gqa2", "gqa4")
+    out = [(h, "bf16", "default", None, 0) for h in heads]
+    for h, layout in itertools.product(heads, LAYOUTS):
+        if which == "one_warp":
+            out += [(h, layout, "fp16_hwcvt", t, s) for t in ONE_WARP_TILES for s in (0, 1, 4, 16)]
+            continue
+        for path in PATHS:
+            out += [(h, layout, path, t, 0) for t in TILES]
+            out += [(h, layout, path, t, s) for t in SPLIT_TILES for s in (2, 4, 8)]
     return out
 
 
@@ -105,10 +112,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
+    p.add_argument("--variants", choices=("wide", "one_warp"), default="one_warp",
+                   help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits")
     args = p.parse_args(argv)
     start = time.monotonic()
     groups = {}
-    for v in variants():
+    for v in variants(args.variants):
         groups.setdefault((v[0], v[1]), []).append(v)
     # compile: split each (heads, layout) group in chunks so the workers share the load
     jobs = [(h, lay, g[i::4]) for (h, lay), g in groups.items() for i in range(4) if g[i::4]]
@@ -121,7 +130,7 @@ def main(argv=None) -> int:
     rows: list = []
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "heads": HEADS, "shapes": SHAPES, "rows": rows}
-    path = os.path.join(args.outdir, "attention_decode_sweep.json")
+    path = os.path.join(args.outdir, f"attention_decode_sweep_{args.variants}.json")
     for (h, lay), g in groups.items():
         time_group(h, lay, g, rows)
         with open(path, "w") as f:

@@ -185,6 +185,25 @@ moefp8)  # the fp8 expert conformance check on cuda after its tolerance change (
     tests/test_moe_fp8_experts.py ;;
 sweep7)  # one-byte decode attention: quant paths x tiles x forced splits at GQA 2 and 4, compiled in parallel (~200 s)
   TAIL=40 step 400 python3 -m benchmarks.attention_decode_sweep "$out" ;;
+final7)  # session 7's last call (~600 s; every result tarred into OUTDIR/final7.tgz after each step, as a call
+  # returns at most 8 files): 1-warp decode sweep, throughput and KV-bound per codec, GQA 7 probes, attention tests
+  o=/tmp/final7; mkdir -p $o; pack() { tar -czf "$out/final7.tgz" -C $o . ; }
+  TAIL=40 step 150 python3 -m benchmarks.attention_decode_sweep $o --variants one_warp; pack
+  for c in unquantized k_int8_v_fp8; do
+    step 75 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c --json "$o/throughput_qwen3_0.6b_$c.json"; pack
+  done
+  for c in unquantized k_int8_v_fp8; do
+    TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
+  done
+  for spec in bf16 int8 fp8_e4m3 k_int8_v_fp8; do for shape in "64 4096" "256 512"; do set -- $shape
+    timeout 40 python3 -m benchmarks.attention_probe $spec --time --heads 28 --kv-heads 4 --seqs $1 --ctx $2 2>&1 | tail -1
+  done; done
+  TAIL=8 step 100 python3 -m pytest -q -m cuda -rf --tb=short tests/test_attention_fresh_kv.py tests/test_kernels_attention.py
+  for c in int8 fp8_e4m3; do
+    TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
+  done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

@@ -21,18 +21,21 @@ import triton
 #: "_vw": V is read as int32 words and converted in registers before it reaches shared memory; "_kvw": K too.
 QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw", "fp16_hwcvt_kvw",
                "fp16_kvw")
-#: Default path; ``NANOCORE_ATTN_QUANT_PATH`` overrides it (one of ``QUANT_PATHS``) for A/B runs of the engine.
-#: "fold", measured on the H200 (attention_quant_tune.py, docs/data/attention_quant_tune_h200.json, per layer):
-#: at 256 seqs x 512 (the throughput workload's regime) fold is fastest for every layout (int8 149 us, fp8 145,
-#: k_int8_v_fp8 165 vs fp16_hwcvt 171 / 212 / 172 and fp16_hwcvt_vw 151 / 268 / 256); at 64 x 4K the fp16 paths
-#: win only for fp8 (246 vs 291 us) and k_int8_v_fp8 (276 vs 302 us). bf16: 148 / 257 us. The SASS-based
-#: choice "fp16_hwcvt_vw" (fewer instructions per key, 150 registers) was slower on the GPU.
+#: Default path of prefill tiles; ``NANOCORE_ATTN_QUANT_PATH`` overrides it and ``DECODE_QUANT_PATH`` (one of
+#: ``QUANT_PATHS``) for A/B runs of the engine. "fold", measured on the H200 with 4-warp decode tiles
+#: (docs/data/attention_quant_tune_h200.json): fastest at 256 x 512 for every layout then; prefill tiles keep it.
 DEFAULT_QUANT_PATH = "fold"
-#: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. H200,
-#: 64 x 4K decode, "fold": int8 / fp8 token-head 128/4/2 0.243 / 0.290 ms (64/4/2: 0.385 / 0.435 ms);
-#: group-scaled K (k_int8_v_fp8) 64/4/2 0.299 ms (128/4/2: 0.401 ms). bf16 cache: 0.259 ms. The fp16 paths
-#: use ``NARROW_DECODE_TILE`` for every one-byte layout; ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
-NARROW_DECODE_TILE = (128, 4, 2)
+#: Path of the one-byte decode tile. H200, session 7 sweep (docs/data/attention_decode_sweep_h200.json, per layer,
+#: 256 x 512, GQA 2 / 4): fp16_hwcvt at (32, 1, 3) 112-116 us for int8, fp8_e4m3 and k_int8_v_fp8 alike, fold at the
+#: same tile 116-178 us, the old 4-warp tiles 145-176 us; bf16 158 / 196 us.
+DECODE_QUANT_PATH = "fp16_hwcvt"
+#: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. One warp per
+#: program: the 4-warp tiles (ncu, 64 x 4K, fp8 fp16_hwcvt 128/4/2: 255 registers with spills, 8 warps per SM,
+#: 67% of cycles with no eligible warp, DRAM at 49%) were latency-bound; 32 keys per 1-warp program keep many
+#: small programs resident and need no cross-warp reductions per tile. Long contexts split the KV range so that
+#: enough warps run (``choose_num_splits``). ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
+NARROW_DECODE_TILE = (32, 1, 3)
+#: "fold"'s own tile for group-scaled K (k_int8_v_fp8), kept for ``NANOCORE_ATTN_QUANT_PATH=fold`` A/B runs.
 GROUP_K_DECODE_TILE = (64, 4, 2)
 
 
@@ -56,6 +59,11 @@ def default_quant_path() -> str:
     return path
 
 
+def decode_quant_path() -> str:
+    """Path of one-byte decode tiles: ``NANOCORE_ATTN_QUANT_PATH`` if set, else ``DECODE_QUANT_PATH``."""
+    return default_quant_path() if os.environ.get("NANOCORE_ATTN_QUANT_PATH") else DECODE_QUANT_PATH
+
+
 def _narrow_decode_tile(quant_path: str, k_grouped: bool) -> tuple[int, int, int]:
     env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")
     if env:
@@ -72,23 +80,27 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool) -> tuple[int, int, int
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
                    k_grouped: bool = False, quant_path: str | None = None) -> AttentionConfig:
-    """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles."""
+    """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles. A one-byte
+    cache's decode tile carries its own path (``decode_quant_path``); ``quant_path`` is the prefill tiles'."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
-        tile = _narrow_decode_tile(quant_path or default_quant_path(), k_grouped)
-        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile)
+        path = decode_quant_path()
+        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *_narrow_decode_tile(path, k_grouped),
+                               quant_path=path)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
     return AttentionConfig(max(64, triton.next_power_of_2(group)), 32, 4, 3)
 
 
-def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int) -> int:
-    """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding)."""
+def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4) -> int:
+    """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding): below 8
+    warps per SM, split towards 16 (for 4-warp programs: 2 and 4 programs per SM)."""
     tiles = triton.cdiv(max_seq_len, block_n)
-    if programs >= 2 * sm_count or tiles < 8:
+    warps = programs * num_warps
+    if warps >= 8 * sm_count or tiles < 8:
         return 1
-    splits = min(triton.cdiv(4 * sm_count, programs), tiles // 4, 64)
+    splits = min(triton.cdiv(16 * sm_count, warps), tiles // 4, 64)
     return triton.next_power_of_2(splits) if splits > 1 else 1
 
 
@@ -125,5 +137,5 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
     num_q_tiles = triton.cdiv(max(max_query_len, 1), block_q)
     splits = cfg.num_splits or 1
     if not cfg.num_splits and sm_count and num_q_tiles == 1:  # decode-shaped grids only
-        splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, cfg.block_n, sm_count)
+        splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
     return AttentionChoice(cfg, fresh, reads_cache(fresh, query_lens, seq_lens), splits)

@@ -94,6 +94,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
                           fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
                           codes[0] == SCALE_CODES["group"], path, sm_count(q.device) if q.is_cuda else 0, config)
     cfg, cached, splits = choice.config, choice.cached, choice.splits
+    path = cfg.quant_path or path  # a one-byte decode tile carries its own path
     # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
     narrow = narrow_constexprs(path if cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
