@@ -204,6 +204,12 @@ final7)  # session 7's last call (~600 s; every result tarred into OUTDIR/final7
     TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
   done ;;
+last7)  # a short call: nano-vllm throughput, k_int8_v_fp8 then bf16, logs and JSON tarred after each (~150 s)
+  o=/tmp/last7; mkdir -p $o
+  for c in k_int8_v_fp8 unquantized; do
+    timeout 95 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c --json "$o/throughput_qwen3_0.6b_$c.json" \
+      >"$o/throughput_$c.log" 2>&1; echo "exit $?"; tail -4 "$o/throughput_$c.log"; tar -czf "$out/last7.tgz" -C $o .
+  done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

@@ -37,6 +37,9 @@ DECODE_QUANT_PATH = "fp16_hwcvt"
 NARROW_DECODE_TILE = (32, 1, 3)
 #: "fold"'s own tile for group-scaled K (k_int8_v_fp8), kept for ``NANOCORE_ATTN_QUANT_PATH=fold`` A/B runs.
 GROUP_K_DECODE_TILE = (64, 4, 2)
+#: One-byte tiles of 17-64 rows (short chunks, speculative rows): one warp would hold a 64-row accumulator, so
+#: these keep the 4-warp tile and the prefill path (H200, 4-warp "fold": int8 / fp8 128/4/2, group K 64/4/2).
+WIDE_NARROW_TILE = (128, 4, 2)
 
 
 @dataclass(frozen=True)
@@ -64,7 +67,7 @@ def decode_quant_path() -> str:
     return default_quant_path() if os.environ.get("NANOCORE_ATTN_QUANT_PATH") else DECODE_QUANT_PATH
 
 
-def _narrow_decode_tile(quant_path: str, k_grouped: bool) -> tuple[int, int, int]:
+def _narrow_decode_tile(quant_path: str, k_grouped: bool, block_m: int = 16) -> tuple[int, int, int]:
     env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")
     if env:
         try:
@@ -75,7 +78,7 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool) -> tuple[int, int, int
         return block_n, warps, stages
     if k_grouped and not quant_path.startswith("fp16"):
         return GROUP_K_DECODE_TILE
-    return NARROW_DECODE_TILE
+    return NARROW_DECODE_TILE if block_m == 16 else WIDE_NARROW_TILE
 
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
@@ -84,9 +87,9 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
     cache's decode tile carries its own path (``decode_quant_path``); ``quant_path`` is the prefill tiles'."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
-        path = decode_quant_path()
-        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *_narrow_decode_tile(path, k_grouped),
-                               quant_path=path)
+        block_m = max(16, triton.next_power_of_2(rows))
+        path = decode_quant_path() if block_m == 16 else default_quant_path()
+        return AttentionConfig(block_m, *_narrow_decode_tile(path, k_grouped, block_m), quant_path=path)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
@@ -94,13 +97,22 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
 
 
 def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4) -> int:
-    """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding): below 8
-    warps per SM, split towards 16 (for 4-warp programs: 2 and 4 programs per SM)."""
+    """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding).
+
+    4-warp programs: below 2 per SM, split towards 4 per SM. 1-warp programs (H200 sweep, session 7, one-byte
+    decode at 32 keys per tile): 512 programs ran fastest with 4 splits (0.74-0.81x bf16 vs 0.79-0.86 with 8),
+    1,024 and more unsplit (GQA 7 at 256 x 512: 61 us unsplit, 99 us with 4 splits): no split from 6 per SM,
+    else 16 per SM rounded down to a power of two.
+    """
     tiles = triton.cdiv(max_seq_len, block_n)
-    warps = programs * num_warps
-    if warps >= 8 * sm_count or tiles < 8:
+    if num_warps == 1:
+        if programs >= 6 * sm_count or tiles < 8:
+            return 1
+        splits = min(16 * sm_count // programs, tiles // 4, 64)
+        return 1 << (splits.bit_length() - 1) if splits > 1 else 1
+    if programs >= 2 * sm_count or tiles < 8:
         return 1
-    splits = min(triton.cdiv(16 * sm_count, warps), tiles // 4, 64)
+    splits = min(triton.cdiv(4 * sm_count, programs), tiles // 4, 64)
     return triton.next_power_of_2(splits) if splits > 1 else 1
 
 
