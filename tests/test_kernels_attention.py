@@ -368,3 +368,21 @@ def test_cuda_fp16_path_is_at_least_as_accurate_as_fold(name):
                               config=AttentionConfig(16, 128, 4, 2, quant_path=path)).float()
         errs[path] = ((out - ref).norm() / ref.norm()).item()
     assert errs["fp16_hwcvt_vw"] <= errs["fold"] * 1.1 and errs["fp16_vw"] <= errs["fold"] * 1.1, errs
+
+
+def test_one_byte_decode_tile_and_its_split_rule():
+    """Pure decode steps on a one-byte cache get the 1-warp fp16_hwcvt tile (H200 sweep, session 7); a step with
+    a chunk of 2+ tokens keeps the 4-warp tiles; 1-warp grids split from under 6 programs per SM."""
+    from nanocore.kernels import attention_config as ac
+    decode = ac.default_config(1, 4, 128, kv_itemsize=1)
+    assert (decode.block_m, decode.block_n, decode.num_warps, decode.quant_path) == (16, 32, 1, "fp16_hwcvt")
+    chunk = ac.default_config(3, 4, 128, kv_itemsize=1)
+    assert (chunk.num_warps, chunk.quant_path) == (4, "fold")
+    assert ac.default_config(1, 32, 128, kv_itemsize=1).num_warps == 4  # 32 GQA rows: too many for one warp
+    assert ac.default_config(1, 4, 128).num_warps == 4  # a bf16 cache keeps its tile
+    sms = 132
+    assert ac.choose_num_splits(512, 4096, 32, sms, num_warps=1) == 4  # the sweep's best at 64 seqs x 8 heads
+    assert ac.choose_num_splits(1024, 512, 32, sms, num_warps=1) == 1  # GQA 7 at 256 x 512: unsplit was fastest
+    assert ac.choose_num_splits(8, 16384, 32, sms, num_warps=1) == 64
+    assert ac.choose_num_splits(512, 4096, 64, sms) == 1  # 4-warp rule unchanged
+    assert ac.choose_num_splits(256, 4096, 64, sms) == 4

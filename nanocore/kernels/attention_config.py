@@ -37,8 +37,9 @@ DECODE_QUANT_PATH = "fp16_hwcvt"
 NARROW_DECODE_TILE = (32, 1, 3)
 #: "fold"'s own tile for group-scaled K (k_int8_v_fp8), kept for ``NANOCORE_ATTN_QUANT_PATH=fold`` A/B runs.
 GROUP_K_DECODE_TILE = (64, 4, 2)
-#: One-byte tiles of 17-64 rows (short chunks, speculative rows): one warp would hold a 64-row accumulator, so
-#: these keep the 4-warp tile and the prefill path (H200, 4-warp "fold": int8 / fp8 128/4/2, group K 64/4/2).
+#: One-byte tiles of batches with a chunk of 2+ tokens (up to 64 rows): the 4-warp tile and the prefill path, as
+#: before session 7 (H200, "fold": int8 / fp8 128/4/2, group K 64/4/2). One warp would hold a 64-row accumulator
+#: (sm_90 compile: 3.5 KB of stack, 15 s per variant), and only the one-token decode tile was measured on the GPU.
 WIDE_NARROW_TILE = (128, 4, 2)
 
 
@@ -67,7 +68,7 @@ def decode_quant_path() -> str:
     return default_quant_path() if os.environ.get("NANOCORE_ATTN_QUANT_PATH") else DECODE_QUANT_PATH
 
 
-def _narrow_decode_tile(quant_path: str, k_grouped: bool, block_m: int = 16) -> tuple[int, int, int]:
+def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True) -> tuple[int, int, int]:
     env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")
     if env:
         try:
@@ -78,18 +79,20 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, block_m: int = 16) -> 
         return block_n, warps, stages
     if k_grouped and not quant_path.startswith("fp16"):
         return GROUP_K_DECODE_TILE
-    return NARROW_DECODE_TILE if block_m == 16 else WIDE_NARROW_TILE
+    return NARROW_DECODE_TILE if one_token else WIDE_NARROW_TILE
 
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
                    k_grouped: bool = False, quant_path: str | None = None) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles. A one-byte
-    cache's decode tile carries its own path (``decode_quant_path``); ``quant_path`` is the prefill tiles'."""
+    cache's one-token decode tile carries its own path (``decode_quant_path``); ``quant_path`` is unused (the
+    other tiles' path is the caller's)."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
-        block_m = max(16, triton.next_power_of_2(rows))
-        path = decode_quant_path() if block_m == 16 else default_quant_path()
-        return AttentionConfig(block_m, *_narrow_decode_tile(path, k_grouped, block_m), quant_path=path)
+        one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
+        path = decode_quant_path() if one_token else default_quant_path()
+        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *_narrow_decode_tile(path, k_grouped, one_token),
+                               quant_path=path)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
