@@ -210,6 +210,13 @@ last7)  # a short call: nano-vllm throughput, k_int8_v_fp8 then bf16, logs and J
     timeout 95 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c --json "$o/throughput_qwen3_0.6b_$c.json" \
       >"$o/throughput_$c.log" 2>&1; echo "exit $?"; tail -4 "$o/throughput_$c.log"; tar -czf "$out/last7.tgz" -C $o .
   done ;;
+graphs8)  # next session: piecewise graphs for steps with prefill chunks (experimental flag) on the GPU: the cuda
+  # equality test, then interference and throughput with and without (~300 s)
+  TAIL=10 step 120 python3 -m pytest -q -m cuda -rf --tb=short tests/test_gpu_engine.py
+  for f in no-cuda-graph-mixed cuda-graph-mixed; do
+    TAIL=10 step 90 $N bench interference $Q7 --b-prompt-len 32768 --$f --json "$out/interference_$f.json"
+    step 75 $N bench throughput $Q06 --max-model-len 2048 --$f --json "$out/throughput_qwen3_0.6b_$f.json"
+  done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

@@ -42,6 +42,20 @@ def test_cuda_graph_decode_equals_eager(checkpoint):
     assert outputs[True] == outputs[False]
 
 
+def test_piecewise_graphs_for_prefill_chunks_equal_eager(checkpoint):
+    """Steps with prefill chunks replayed as piecewise graphs (attention eager between segments) give the eager
+    engine's tokens; small max_num_batched_tokens makes most steps mixed (chunks beside decodes)."""
+    from nanocore import LLM
+    outputs = {}
+    for mixed in (False, True):
+        llm = LLM(str(checkpoint), device="cuda", dtype="float32", enforce_eager=not mixed, cuda_graph_mixed=mixed,
+                  max_num_seqs=16, max_num_batched_tokens=24, num_kv_blocks=256)
+        assert (llm.engine.runner.mixed_graphs is not None) == mixed
+        outputs[mixed] = [o.outputs[0].token_ids for o in greedy(llm)]
+        del llm
+    assert outputs[True] == outputs[False]
+
+
 def test_gpu_greedy_equals_cpu_until_a_near_tie(checkpoint):
     from nanocore import LLM
     cpu = greedy(LLM(str(checkpoint), device="cpu", num_kv_blocks=256), logprobs=2)

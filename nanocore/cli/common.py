@@ -16,7 +16,7 @@ ENGINE_FLAGS = {  # flag -> EngineConfig field
     "max_num_batched_tokens": "max_num_batched_tokens", "block_size": "block_size",
     "num_kv_blocks": "num_kv_blocks", "cpu_kv_cache_gib": "cpu_kv_cache_gib",
     "gpu_memory_utilization": "gpu_memory_utilization", "enforce_eager": "enforce_eager",
-    "kernel_warmup": "kernel_warmup",
+    "kernel_warmup": "kernel_warmup", "cuda_graph_mixed": "cuda_graph_mixed",
     "async_scheduling": "async_scheduling", "moe_shared_expert_overlap": "moe_shared_expert_overlap",
     "tensor_parallel_size": "tensor_parallel_size", "expert_parallel_size": "expert_parallel_size", "seed": "seed",
 }
@@ -38,6 +38,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--cpu-kv-cache-gib", type=float, help="KV-cache memory on CPU")
     g.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory to use")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
+    g.add_argument("--cuda-graph-mixed", action=argparse.BooleanOptionalAction, default=None,
+                   help="piecewise CUDA graphs for steps with prefill chunks (experimental, default off)")
     g.add_argument("--kernel-warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="compile every Triton kernel variant serving can select before ready (default on, CUDA)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,

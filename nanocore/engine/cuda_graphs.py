@@ -1,4 +1,5 @@
-"""CUDA graphs for decode steps: one graph per batch-size bucket, replayed on persistent buffers.
+"""CUDA graphs for decode steps: one graph per batch-size bucket, replayed on persistent buffers (steps with
+prefill chunks: ``piecewise_graphs``; ``capture_graphs`` builds both for the ModelRunner).
 
 Every decode batch of up to ``max_num_seqs`` sequences runs in the smallest captured bucket that holds
 it (buckets 1, 2, 4, 8, then every multiple of 8 up to ``max_num_seqs``: no gaps); padding rows store
@@ -9,10 +10,15 @@ Logits and sampling run outside the graph (they depend on the sampling parameter
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import torch
 
 from nanocore.layers.attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from nanocore.config import EngineConfig
+    from nanocore.interfaces import KVCodec
 
 logger = logging.getLogger("nanocore")
 
@@ -82,3 +88,33 @@ class DecodeGraphs:
         self.block_tables[:n, :width].copy_(meta.block_tables)
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
+
+
+def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_model_len: int, device: torch.device,
+                   dtype: torch.dtype):
+    """(DecodeGraphs, PiecewiseGraphs) for a CUDA device unless eager; either may be None."""
+    if device.type != "cuda" or config.enforce_eager:
+        return None, None
+    blocker = graph_blocker(model)
+    if blocker:
+        logger.warning("decode runs without CUDA graphs: %s", blocker)
+        return None, None
+    decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device)
+    if not config.cuda_graph_mixed:
+        return decode, None
+    from nanocore.engine.piecewise_graphs import PiecewiseGraphs
+    return decode, PiecewiseGraphs(model, kv_caches, codec, config.max_num_batched_tokens, config.max_num_seqs,
+                                   device, dtype)
+
+
+def graph_blocker(model: torch.nn.Module) -> str | None:
+    """Why the model cannot be captured in a CUDA graph (a step that synchronises with the host), or None."""
+    for module in model.modules():
+        executor = getattr(module, "executor", None)
+        if executor is not None and not getattr(executor, "supports_cuda_graph", True):
+            return (f"MoE executor {type(executor).__name__!r} synchronises with the host; choose one with "
+                    f"supports_cuda_graph (e.g. moe_executor='triton_fused_moe') for graph-captured decode")
+        reason = getattr(getattr(module, "prepare_finalize", None), "cuda_graph_blocker", None)
+        if reason:
+            return reason
+    return None

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.engine.cuda_graphs import capture_graphs, graph_blocker  # noqa: F401 (graph_blocker: re-export)
 from nanocore.engine.host_transfer import HostCopy, upload
 from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.engine.sequence import Sequence
@@ -107,19 +108,6 @@ def build_sampling_tensors(seqs: list[Sequence], eos_token_ids: list[int],
     return base, min_tokens_rows
 
 
-def graph_blocker(model: torch.nn.Module) -> str | None:
-    """Why the model cannot be captured in a CUDA graph (a step that synchronises with the host), or None."""
-    for module in model.modules():
-        executor = getattr(module, "executor", None)
-        if executor is not None and not getattr(executor, "supports_cuda_graph", True):
-            return (f"MoE executor {type(executor).__name__!r} synchronises with the host; choose one with "
-                    f"supports_cuda_graph (e.g. moe_executor='triton_fused_moe') for graph-captured decode")
-        reason = getattr(getattr(module, "prepare_finalize", None), "cuda_graph_blocker", None)
-        if reason:
-            return reason
-    return None
-
-
 class ModelRunner:
     #: False on tensor/expert-parallel workers: they run every forward (its collectives need them); rank 0 samples
     samples = True
@@ -151,14 +139,8 @@ class ModelRunner:
         if device.type == "cuda" and config.kernel_warmup:  # before graph capture: eager steps' kernels too
             from nanocore.engine.warmup import ServingLimits, run_warmup
             run_warmup(self, ServingLimits(config.max_num_batched_tokens, config.max_num_seqs, max_model_len))
-        self.decode_graphs = None
-        blocker = graph_blocker(model)
-        if device.type == "cuda" and not config.enforce_eager and blocker:
-            logger.warning("decode runs without CUDA graphs: %s", blocker)
-        elif device.type == "cuda" and not config.enforce_eager:
-            from nanocore.engine.cuda_graphs import DecodeGraphs
-            self.decode_graphs = DecodeGraphs(model, self.kv_caches, codec, config.max_num_seqs, max_model_len,
-                                              self.block_size, device)
+        self.decode_graphs, self.mixed_graphs = capture_graphs(config, model, self.kv_caches, codec, max_model_len,
+                                                               device, dtype)
 
     @property
     def capacity_tokens(self) -> int:
@@ -261,6 +243,8 @@ class ModelRunner:
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         if self.decode_graphs is not None and self.decode_graphs.can_run(inputs.meta, inputs.meta.num_seqs):
             return self.decode_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
+        if self.mixed_graphs is not None and self.mixed_graphs.can_run(inputs.meta, inputs.input_ids.shape[0]):
+            return self.mixed_graphs.run(inputs.input_ids, inputs.positions, inputs.meta)
         return self.model.forward(inputs.input_ids, inputs.positions, inputs.meta)
 
     @torch.inference_mode()

@@ -11,6 +11,7 @@ decode batches never read ``k_new``). ``AttentionMetadata.kv_from_cache`` reads 
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +46,9 @@ class AttentionMetadata:
     #: True: the step's own tokens too are read back from the cache through the codec (eval scoring);
     #: False: a chunk of 2+ tokens attends to its own K/V in the model dtype.
     kv_from_cache: bool = False
+    #: Piecewise CUDA graphs (engine/piecewise_graphs.py): called by each attention layer with its q/k/v
+    #: ``[T, heads, head_dim]`` instead of storing and attending; returns the ``[T, heads * head_dim]`` output rows.
+    segment_break: Callable[[Attention, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     @property
     def num_seqs(self) -> int:
@@ -143,12 +147,17 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
+        if meta.segment_break is not None:  # a piecewise graph is cut here; attention runs between replays
+            return meta.segment_break(self, q, k, v)
+        return self.attend(q, k, v, meta).reshape(-1, self.num_heads * self.head_dim)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Store the new K/V through the codec, then attend: ``[T, heads, head_dim]`` in and out."""
         cache = None
         if meta.kv_caches is not None:
             cache = meta.kv_caches[self.layer_idx]
             meta.codec.store(cache, k, v, meta.slot_mapping)
-        out = attention_forward(q, k, v, cache, meta, self.scale)
-        return out.reshape(-1, self.num_heads * self.head_dim)
+        return attention_forward(q, k, v, cache, meta, self.scale)
 
 
 def attention_forward(q, k, v, cache, meta: AttentionMetadata, scale: float) -> torch.Tensor:
