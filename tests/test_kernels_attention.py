@@ -383,8 +383,8 @@ def test_one_byte_decode_tile_and_its_split_rule():
     sms = 132
     assert ac.choose_num_splits(512, 4096, 32, sms, num_warps=1) == 4  # the sweep's best at 64 seqs x 8 heads
     assert ac.choose_num_splits(1024, 512, 32, sms, num_warps=1) == 1  # GQA 7 at 256 x 512: unsplit was fastest
-    assert ac.choose_num_splits(256, 4096, 32, sms, num_warps=1) == 4  # GQA 7 at 64 x 4K: 4 beat 16
-    assert ac.choose_num_splits(8, 16384, 32, sms, num_warps=1) == 16  # every split 1,024+ keys
-    assert ac.choose_num_splits(8, 700, 32, sms, num_warps=1) == 1
+    assert ac.choose_num_splits(8, 16384, 32, sms, num_warps=1) == 64  # batch 1 at 16K: fill the GPU
+    assert ac.choose_num_splits(8, 700, 32, sms, num_warps=1) == 2  # every split 256+ keys
+    assert ac.choose_num_splits(8, 200, 32, sms, num_warps=1) == 1
     assert ac.choose_num_splits(512, 4096, 64, sms) == 1  # 4-warp rule unchanged
     assert ac.choose_num_splits(256, 4096, 64, sms) == 4

@@ -103,15 +103,16 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding).
 
     4-warp programs: below 2 per SM, split towards 4 per SM. 1-warp programs (H200 sweep, session 7, one-byte
-    decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 256 (GQA 7,
-    64 x 4K) with 4 (115 us vs 136 with 16), 1,024 and more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4):
-    no split from 6 programs per SM, else 16 per SM rounded down to a power of two, each split 1,024+ keys.
+    decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 1,024 and
+    more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6 programs per SM, else 16 per SM
+    rounded down to a power of two, each split 256+ keys (a batch of one at 16K gets 64 splits: few programs must
+    split far to fill the GPU). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K).
     """
     tiles = triton.cdiv(max_seq_len, block_n)
     if num_warps == 1:
         if programs >= 6 * sm_count:
             return 1
-        splits = min(16 * sm_count // programs, tiles * block_n // 1024, 64)
+        splits = min(16 * sm_count // programs, tiles * block_n // 256, 64)
         return 1 << (splits.bit_length() - 1) if splits > 1 else 1
     if programs >= 2 * sm_count or tiles < 8:
         return 1
