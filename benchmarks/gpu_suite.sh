@@ -8,7 +8,8 @@
 #   tune (kernel variant sweeps) quant (quantized linears: microbench + 7B end to end) final smollm2 (see there)
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
-#   new GPU paths and figures), contract (cuda conformance), and on a 2-GPU
+#   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
+#   last7, next session's graphs8 / next17a / next17b, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -216,6 +217,22 @@ graphs8)  # next session: piecewise graphs for steps with prefill chunks (experi
   for f in no-cuda-graph-mixed cuda-graph-mixed; do
     TAIL=10 step 90 $N bench interference $Q7 --b-prompt-len 32768 --$f --json "$out/interference_$f.json"
     step 75 $N bench throughput $Q06 --max-model-len 2048 --$f --json "$out/throughput_qwen3_0.6b_$f.json"
+  done ;;
+next17a)  # next session, issue 17 with the 1-warp decode tile (~350 s; results in OUTDIR/next17a.tgz after each step, a
+  # call returns at most 8 files): nano-vllm throughput pair, batch-1 TPOT at 128 and 16K context, the GQA 7 sweep rows
+  o=/tmp/next17a; mkdir -p $o; pack() { tar -czf "$out/next17a.tgz" -C $o . ; }
+  for c in unquantized k_int8_v_fp8; do
+    step 80 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c --json "$o/throughput_qwen3_0.6b_$c.json"; pack
+    step 40 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec $c --json "$o/latency_qwen3_0.6b_$c.json"
+    step 60 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 16640 --prompt-len 16384 --kv-codec $c \
+      --json "$o/latency_16k_qwen3_0.6b_$c.json"; pack
+  done
+  TAIL=30 step 150 python3 -m benchmarks.attention_decode_sweep $o --variants one_warp; pack ;;
+next17b)  # next session: the KV-bound workload per codec with the 1-warp tile (~450 s)
+  o=/tmp/next17b; mkdir -p $o; pack() { tar -czf "$out/next17b.tgz" -C $o . ; }
+  for c in unquantized k_int8_v_fp8 int8 fp8_e4m3; do
+    TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
