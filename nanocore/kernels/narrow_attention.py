@@ -3,14 +3,12 @@
 Why (sm_90 SASS of the bf16 "fold" path, Triton 3.6): e4m3 becomes bf16 through one F2F per element
 (e4m3 -> f16 -> bf16), V is read byte by byte from shared memory (8-bit operands cannot use the transposing
 ldmatrix), 2-byte scale loads are not pipelined, and the kernel holds 186-255 registers (2 programs per SM).
-Here every int8 and e4m3 value is exact in fp16, so a one-byte tile becomes fp16 with a few integer
-instructions (``CVT`` 1) or the e4m3x2 -> f16x2 instruction (``CVT`` 2, sm_89+); with ``WORDS`` the tile is
-read as int32 words and converted in registers, so it reaches shared memory as fp16; fp16 scales are read
-as int32 words. The query is pre-scaled by ``softmax scale * log2(e)`` and rounded to fp16 once; both dots
-accumulate in fp32. Per-(token, head) scales are folded into the score columns (K) and into the probability
-columns (V); the latter are divided by the tile's largest V scale first, so the fp16 probabilities stay in
-[0, 1] whatever the scales' range. ``CVT`` 0 is plain ``.to(fp16)``: the interpreter, and the reference the
-bit tricks reproduce exactly.
+Here every int8 and e4m3 value is exact in fp16, so a one-byte tile becomes fp16 in registers (``CVT``, see
+``narrow_convert``); with ``WORDS`` the tile is read as int32 words and converted in registers, so it reaches
+shared memory as fp16; fp16 scales are read as int32 words. The query is pre-scaled by ``softmax scale *
+log2(e)`` and rounded to fp16 once; both dots accumulate in fp32. Per-(token, head) scales are folded into the
+score columns (K) and into the probability columns (V); the latter are divided by the tile's largest V scale
+first, so the fp16 probabilities stay in [0, 1] whatever the scales' range.
 """
 from __future__ import annotations
 
@@ -21,125 +19,7 @@ import triton
 import triton.language as tl
 
 from nanocore.kernels.device import converts_fp8
-
-#: fp8 values come out of the ``CVT`` 1 bit trick divided by this (e4m3 bias 7 vs fp16 bias 15).
-FP8_BITS_UNIT = 256.0
-
-
-@triton.jit
-def _int8_to_f16_bits(x):
-    """int8 -> fp16 exactly: ``x + 128`` becomes the low byte of fp16 ``1024 + (x + 128)``, minus 1152."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 u, c;
-        xor.b32 u, $2, 0x80808080;
-        prmt.b32 $0, u, 0x64646464, 0x4140;
-        prmt.b32 $1, u, 0x64646464, 0x4342;
-        mov.b32 c, 0x64806480;
-        sub.f16x2 $0, $0, c;
-        sub.f16x2 $1, $1, c;
-        }
-        """,
-        constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
-
-
-@triton.jit
-def _fp8_to_f16_bits(x):
-    """e4m3 bits (as int8) -> fp16 holding value / 256: sign to bit 15, exponent and mantissa shifted by 7."""
-    return tl.inline_asm_elementwise(
-        asm="""
-        {
-        .reg .b32 w0, w1, t0, t1;
-        prmt.b32 w0, $2, 0, 0x1404;
-        prmt.b32 w1, $2, 0, 0x3424;
-        shr.b32 t0, w0, 1;
-        shr.b32 t1, w1, 1;
-        and.b32 t0, t0, 0x3F803F80;
-        and.b32 t1, t1, 0x3F803F80;
-        lop3.b32 $0, w0, 0x80008000, t0, 0xEA;
-        lop3.b32 $1, w1, 0x80008000, t1, 0xEA;
-        }
-        """,
-        constraints="=r,=r,r", args=[x], dtype=tl.float16, is_pure=True, pack=4)
-
-
-@triton.jit
-def narrow_to_f16(x, IS_INT8: tl.constexpr, CVT: tl.constexpr):
-    """One-byte tile -> fp16. ``CVT`` 1 returns fp8 values divided by ``FP8_BITS_UNIT`` (callers fold it)."""
-    if CVT == 0:
-        y = x.to(tl.float16)
-    elif IS_INT8:
-        y = _int8_to_f16_bits(x)
-    elif CVT == 1:
-        y = _fp8_to_f16_bits(x.to(tl.int8, bitcast=True))
-    else:
-        y = x.to(tl.float16)
-    return y
-
-
-@triton.jit
-def _words_to_f16(w, IS_INT8: tl.constexpr, CVT: tl.constexpr):
-    """int32 words of 4 one-byte values -> 4 fp16 tensors (bytes 0..3), same conversions as ``narrow_to_f16``."""
-    if CVT == 0 and IS_INT8:  # arithmetic shifts sign-extend each byte
-        b0 = ((w << 24) >> 24).to(tl.float16)
-        b1 = ((w << 16) >> 24).to(tl.float16)
-        b2 = ((w << 8) >> 24).to(tl.float16)
-        b3 = (w >> 24).to(tl.float16)
-    elif CVT == 0:
-        b0 = (w & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b1 = ((w >> 8) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b2 = ((w >> 16) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b3 = ((w >> 24) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    elif IS_INT8:
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 u, lo, hi, c;
-            xor.b32 u, $4, 0x80808080;
-            prmt.b32 lo, u, 0x64646464, 0x4140;
-            prmt.b32 hi, u, 0x64646464, 0x4342;
-            mov.b32 c, 0x64806480;
-            sub.f16x2 lo, lo, c;
-            sub.f16x2 hi, hi, c;
-            mov.b32 {$0, $1}, lo;
-            mov.b32 {$2, $3}, hi;
-            }
-            """,
-            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-    elif CVT == 1:
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b32 lo, hi, t0, t1;
-            prmt.b32 lo, $4, 0, 0x1404;
-            prmt.b32 hi, $4, 0, 0x3424;
-            shr.b32 t0, lo, 1;
-            shr.b32 t1, hi, 1;
-            and.b32 t0, t0, 0x3F803F80;
-            and.b32 t1, t1, 0x3F803F80;
-            lop3.b32 lo, lo, 0x80008000, t0, 0xEA;
-            lop3.b32 hi, hi, 0x80008000, t1, 0xEA;
-            mov.b32 {$0, $1}, lo;
-            mov.b32 {$2, $3}, hi;
-            }
-            """,
-            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-    else:
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b16 a, b;
-            .reg .b32 lo, hi;
-            mov.b32 {a, b}, $4;
-            cvt.rn.f16x2.e4m3x2 lo, a;
-            cvt.rn.f16x2.e4m3x2 hi, b;
-            mov.b32 {$0, $1}, lo;
-            mov.b32 {$2, $3}, hi;
-            }
-            """,
-            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-    return b0, b1, b2, b3
+from nanocore.kernels.narrow_convert import FP8_BITS_UNIT, _words_to_f16, narrow_to_f16
 
 
 @triton.jit
