@@ -25,7 +25,9 @@ module                          what it offers
                                 sharded loading (qkv, gate_up, TP shards) done once; ``BlockScaledWeights``: the
                                 same for one scale per 128 x 128 tile (FP8_BLOCK, DeepSeek-V3 fp8)
 ``toolkit.gemm``                Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
-                                their torch reference, launch configs, split-K helpers (``splitk_finish``)
+                                their torch reference, split-K helpers (``splitk_finish``); re-exports gemm_config
+``toolkit.gemm_config``         launch configs: ``GemmConfig``, ``DECODE_MAX_M``, the per-shape ``default_config``
+                                and ``int8_int8_config``
 ``toolkit.gemm_block``          Triton GEMM for one-byte weights with one scale per (row block, column block) tile
                                 (``block_scaled_linear``), its torch reference, blockwise dequantization
 ``toolkit.gemv``                the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the

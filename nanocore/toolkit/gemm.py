@@ -10,18 +10,25 @@
 
 fp8 converts natively on sm_89+; elsewhere (and in the Triton interpreter) it is read as uint8 and widened
 with integer ops: e4m3 bits shifted into an fp16 are the value / 256, so 256 is folded into the scale.
-Launch parameters are a :class:`GemmConfig` (``plugins_quant/tune_linear_gpu.py`` times several).
+Launch parameters are a :class:`GemmConfig`, picked per shape in :mod:`nanocore.toolkit.gemm_config` (also
+importable from here; ``plugins_quant/tune_linear_gpu.py`` times several).
 Torch reference: :func:`weight_only_linear_torch`. Used by the fp8, int8 and awq plugins.
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass  # noqa: F401  (importable from here before gemm_config existed)
 
 import torch
 import torch.nn.functional as F
 
 from nanocore.kernels.device import converts_fp8, sm_count
+from nanocore.toolkit.gemm_config import (
+    DECODE_MAX_M,
+    GemmConfig,
+    default_config,
+    int8_int8_config,
+)
 
 try:
     import triton
@@ -29,26 +36,8 @@ try:
 except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
-#: M at or below which the split-K decode kernel runs instead of the tiled GEMM.
-DECODE_MAX_M = 16
 #: Weight encodings the kernels read: int8 values, fp8 loaded natively, fp8 bits widened with integer ops.
 W_INT8, W_FP8, W_FP8_BITS = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class GemmConfig:
-    """Launch parameters of one kernel variant."""
-    kind: str = "splitk"  # "gemv" (M = 1, CUDA cores), "splitk" (decode, tensor cores) or "tiled" (GEMM)
-    block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
-    block_n: int = 32
-    block_k: int = 256
-    split_k: int = 0  # splitk: K slices; 0 picks enough for ~4 programs per SM
-    num_warps: int = 4
-    num_stages: int = 3
-    group_m: int = 8  # tiled: row tiles that share weight tiles in L2
-    fp8_native: bool | None = None  # None: native where the GPU converts fp8 (sm_89+)
-    reduce_late: bool = True  # gemv: one cross-thread reduction after the K loop (else one per tile)
-    int8_magic: bool = True  # gemv: int8 widened by the exponent trick (else the int-to-float conversion)
 
 
 def weight_only_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -65,32 +54,6 @@ def gemm_input_rows(x: torch.Tensor, expected_k: int, what: str = "the weight") 
         raise ValueError(f"input has {k} features, {what} expects {expected_k}")
     x2 = x.reshape(-1, k)
     return (x2 if x2.stride(-1) == 1 else x2.contiguous()), tuple(lead)
-
-
-def default_config(m: int, n: int, k: int) -> GemmConfig:
-    """The measured-best variant for an ``[m, k] x [k, n]`` shape (tune_linear_gpu.py picks these)."""
-    if m == 1:
-        # CUDA cores, 16 rows x 512 K per tile, reduced per tile (56 registers, 56% occupancy): on the H200
-        # 0.087 ms per 7B layer (fp8, graph-replayed) against 0.116 for the tensor-core split-K below
-        return GemmConfig("gemv", block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=1, reduce_late=False)
-    if m <= DECODE_MAX_M:
-        # BLOCK_M 16 (tensor-core dot, padding rows masked) even for M = 1: on the H200 graph-replayed int8
-        # decode took 0.117 ms per 7B layer at M = 16 but 0.255 ms at M = 1 on the multiply-add path (bf16 0.16)
-        return GemmConfig("splitk", block_m=16, block_n=32, block_k=256)
-    if m <= 64:
-        return GemmConfig("tiled", block_m=triton.next_power_of_2(max(m, 16)) if m < 64 else 64, block_n=64,
-                          block_k=128, num_warps=4, num_stages=4)
-    if m <= 256:
-        return GemmConfig("tiled", block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
-    return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
-
-
-def int8_int8_config(m: int, n: int, k: int) -> GemmConfig:
-    """int8 x int8 tiles: from M = 256 the 128 x 128 x 128 / 8-warp tile, fastest in the H200 sweep
-    (tune_linear_h200.json, 7B layer: M = 256 0.233 vs 0.281 ms, 1024 0.432 vs 0.584, 4096 1.564 vs 2.081)."""
-    if m >= 256:
-        return GemmConfig("tiled", block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
-    return default_config(m, n, k)
 
 
 def check_splitk_rows(m: int) -> None:

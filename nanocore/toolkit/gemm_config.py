@@ -1,0 +1,60 @@
+"""Launch parameters of the per-channel GEMMs of :mod:`nanocore.toolkit.gemm` and the measured-best choice per shape.
+
+:class:`GemmConfig` names a kernel (``gemv``, ``splitk`` or ``tiled``) and its tiles; ``DECODE_MAX_M`` is where
+decode (split-K) stops and the tiled GEMM starts; :func:`default_config` (weight-only) and
+:func:`int8_int8_config` (int8 activations) pick a config by M. All of it is re-exported by
+:mod:`nanocore.toolkit.gemm`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+try:
+    import triton
+except ImportError:  # CPU-only installs use the torch reference
+    triton = None
+
+#: M at or below which the split-K decode kernel runs instead of the tiled GEMM.
+DECODE_MAX_M = 16
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Launch parameters of one kernel variant."""
+    kind: str = "splitk"  # "gemv" (M = 1, CUDA cores), "splitk" (decode, tensor cores) or "tiled" (GEMM)
+    block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
+    block_n: int = 32
+    block_k: int = 256
+    split_k: int = 0  # splitk: K slices; 0 picks enough for ~4 programs per SM
+    num_warps: int = 4
+    num_stages: int = 3
+    group_m: int = 8  # tiled: row tiles that share weight tiles in L2
+    fp8_native: bool | None = None  # None: native where the GPU converts fp8 (sm_89+)
+    reduce_late: bool = True  # gemv: one cross-thread reduction after the K loop (else one per tile)
+    int8_magic: bool = True  # gemv: int8 widened by the exponent trick (else the int-to-float conversion)
+
+
+def default_config(m: int, n: int, k: int) -> GemmConfig:
+    """The measured-best variant for an ``[m, k] x [k, n]`` shape (tune_linear_gpu.py picks these)."""
+    if m == 1:
+        # CUDA cores, 16 rows x 512 K per tile, reduced per tile (56 registers, 56% occupancy): on the H200
+        # 0.087 ms per 7B layer (fp8, graph-replayed) against 0.116 for the tensor-core split-K below
+        return GemmConfig("gemv", block_m=1, block_n=16, block_k=512, num_warps=8, num_stages=1, reduce_late=False)
+    if m <= DECODE_MAX_M:
+        # BLOCK_M 16 (tensor-core dot, padding rows masked) even for M = 1: on the H200 graph-replayed int8
+        # decode took 0.117 ms per 7B layer at M = 16 but 0.255 ms at M = 1 on the multiply-add path (bf16 0.16)
+        return GemmConfig("splitk", block_m=16, block_n=32, block_k=256)
+    if m <= 64:
+        return GemmConfig("tiled", block_m=triton.next_power_of_2(max(m, 16)) if m < 64 else 64, block_n=64,
+                          block_k=128, num_warps=4, num_stages=4)
+    if m <= 256:
+        return GemmConfig("tiled", block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+    return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+def int8_int8_config(m: int, n: int, k: int) -> GemmConfig:
+    """int8 x int8 tiles: from M = 256 the 128 x 128 x 128 / 8-warp tile, fastest in the H200 sweep
+    (tune_linear_h200.json, 7B layer: M = 256 0.233 vs 0.281 ms, 1024 0.432 vs 0.584, 4096 1.564 vs 2.081)."""
+    if m >= 256:
+        return GemmConfig("tiled", block_m=128, block_n=128, block_k=128, num_warps=8, num_stages=3)
+    return default_config(m, n, k)
