@@ -10,52 +10,13 @@ import pytest
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
-from engine_fakes import EOS, VOCAB, fake_loaded_model  # noqa: E402
+# one_thread: the autouse fixture (one torch thread), imported so that it applies here
+from engine_async_fixtures import drive, make_llm, mixed_params, one_thread, prompts  # noqa: E402, F401
 
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 
-BASE = {"device": "cpu", "kv_codec": "unquantized", "block_size": 4}
 ASYNC_COUNTERS = ("num_overlapped_steps", "num_discarded_lookaheads")
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
-def make_llm(async_scheduling: bool, eos_boost: float = 2.5, **fields) -> LLM:
-    """The tiny fake model with EOS made likely enough that sampled rows finish at scattered steps."""
-    loaded = fake_loaded_model()
-    compute_logits = loaded.model.compute_logits
-
-    def eos_likely(hidden):
-        logits = compute_logits(hidden)
-        logits[:, EOS] += eos_boost
-        return logits
-
-    loaded.model.compute_logits = eos_likely
-    config = {**BASE, "num_kv_blocks": 256, "prefix_cache": "none", "scheduler_policy": "prefill_first", **fields}
-    return LLM("fake", loaded_model=loaded, async_scheduling=async_scheduling, **config)
-
-
-def drive(llm: LLM, waves: dict[int, list], aborts: dict[int, list[str]] | None = None):
-    """Add ``waves[k]`` (prompt, params) before step k, abort ``aborts[k]``; return what finished when."""
-    engine, aborts = llm.engine, aborts or {}
-    done, step = {}, 0
-    while engine.has_unfinished_requests() or any(k >= step for k in waves):
-        for prompt, params in waves.get(step, []):
-            engine.add_request(prompt, params)
-        for request_id in aborts.get(step, []):
-            engine.abort_request(request_id)
-        for out in engine.step():
-            done[out.request_id] = (step, out.num_cached_tokens, [
-                (c.token_ids, c.finish_reason, c.stop_reason, c.text) for c in out.outputs])
-        step += 1
-    return done
 
 
 def stats_without_async_counters(llm: LLM) -> dict:
@@ -73,35 +34,6 @@ def assert_same(waves, aborts=None, **fields):
     bm = async_llm.engine.block_manager
     assert bm.num_free_blocks == bm.num_blocks and sum(bm.ref_counts) == 0  # look-ahead blocks all came back
     return async_llm.stats()
-
-
-def prompts(count: int, seed: int, shared_prefix: str = "") -> list[str]:
-    rng = random.Random(seed)
-    letters = VOCAB[4:30]
-    return [shared_prefix + "".join(rng.choice(letters) for _ in range(rng.randint(1, 14))) for _ in range(count)]
-
-
-def mixed_params(seed: int) -> list[SamplingParams]:
-    """Greedy, unseeded and seeded sampling, top-k, n > 1, stop ids, min_tokens, EOS on or ignored."""
-    rng = random.Random(seed)
-    out = []
-    for i in range(12):
-        kind = i % 6
-        max_tokens = rng.randint(1, 30)
-        if kind == 0:
-            out.append(SamplingParams(temperature=0, max_tokens=max_tokens))
-        elif kind == 1:
-            out.append(SamplingParams(temperature=1.0, max_tokens=max_tokens))
-        elif kind == 2:
-            out.append(SamplingParams(temperature=0.8, seed=rng.randint(0, 99), max_tokens=max_tokens, n=2))
-        elif kind == 3:
-            out.append(SamplingParams(temperature=1.0, top_k=5, max_tokens=max_tokens, ignore_eos=True,
-                                      stop_token_ids=[VOCAB.index("e"), VOCAB.index("a")]))
-        elif kind == 4:
-            out.append(SamplingParams(temperature=1.0, n=3, max_tokens=max_tokens, min_tokens=min(4, max_tokens)))
-        else:
-            out.append(SamplingParams(temperature=0.7, seed=5, max_tokens=max_tokens, ignore_eos=True))
-    return out
 
 
 @pytest.mark.parametrize("policy", ["prefill_first", "decode_first"])
@@ -149,45 +81,6 @@ def test_kv_pressure_preempts_like_sync():
     assert stats.num_preemptions > 0 and stats.num_overlapped_steps > 0
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_requests_that_need_the_host_every_step_still_overlap(stream):
-    """Logprobs, stop strings and streamed text are post-processed while the next forward runs; a stop
-    string ends its row one wasted token later, like EOS, and outputs stay the synchronous engine's."""
-    stop_text = "".join(VOCAB[4:6])
-    params = [SamplingParams(temperature=0, max_tokens=10, logprobs=2, ignore_eos=True),
-              SamplingParams(temperature=1.0, seed=2, max_tokens=24, stop=[stop_text, VOCAB[7]], ignore_eos=True),
-              SamplingParams(temperature=0.8, max_tokens=16, logprobs=1, n=2)]
-    waves = {0: [("hello", p) for p in params] + [("abc", SamplingParams(temperature=0, max_tokens=10))]}
-    results = []
-    for async_scheduling in (False, True):
-        llm = make_llm(async_scheduling)
-        engine, done, streamed = llm.engine, {}, {}
-        for prompt, p in waves[0]:
-            request = engine.add_request(prompt, p, stream=stream)
-            streamed[request.request_id] = request
-        while engine.has_unfinished_requests():
-            for out in engine.step():
-                done[out.request_id] = [(c.token_ids, c.finish_reason, c.stop_reason, c.text, c.logprobs)
-                                        for c in out.outputs]
-        results.append((done, llm.stats()))
-    (expected, sync_stats), (got, async_stats) = results
-    assert got == expected
-    assert any(isinstance(c[2], str) for outs in got.values() for c in outs)  # a row stopped on a stop string
-    assert async_stats.num_overlapped_steps > 0 and sync_stats.num_overlapped_steps == 0
-
-
-def test_generate_equals_sync_and_switch_off():
-    params = mixed_params(5)
-    sync_out = make_llm(False).generate(prompts(12, 5), params, use_tqdm=False)
-    llm = make_llm(True)
-    assert llm.generate(prompts(12, 5), params, use_tqdm=False) == sync_out
-    assert llm.stats().num_overlapped_steps > 0
-    llm.engine.async_scheduling = False  # the switch benchmarks flip
-    before = llm.stats().num_overlapped_steps
-    llm.generate(prompts(4, 6), SamplingParams(temperature=0, max_tokens=8), use_tqdm=False)
-    assert llm.stats().num_overlapped_steps == before
-
-
 def test_lookahead_inputs_match_a_fresh_build():
     """Positions, slots and block tables of every look-ahead step equal a from-scratch computation."""
     from nanocore.engine.model_runner import block_table_array
@@ -213,14 +106,6 @@ def test_lookahead_inputs_match_a_fresh_build():
     assert len(checked) > 15 and len(set(checked)) > 3  # shrinking batches: look-aheads over row subsets
 
 
-def test_host_overhead_bench_runs_the_async_path(capsys):
-    from benchmarks.host_overhead import main
-
-    assert main(["--num-seqs", "8", "--steps", "3", "--repeats", "1", "--prompt-len", "20", "--max-tokens", "8",
-                 "--async-scheduling"]) == 0
-    assert "async=True" in capsys.readouterr().out
-
-
 def test_admissions_under_kv_pressure_see_the_sync_free_blocks():
     """Arrivals while look-aheads hold blocks: undoing them keeps admission steps (and so outputs) exact."""
     rng = random.Random(8)
@@ -228,24 +113,6 @@ def test_admissions_under_kv_pressure_see_the_sync_free_blocks():
              for step, p in zip(range(0, 60, 3), prompts(20, 8, "xy"))}
     stats = assert_same(waves, num_kv_blocks=18)
     assert stats.num_discarded_lookaheads > 0 and stats.num_overlapped_steps > 0
-
-
-def test_cli_flag_switches_async_scheduling():
-    import argparse
-
-    from nanocore.cli.common import add_engine_args, engine_config_from_args
-
-    parser = argparse.ArgumentParser()
-    add_engine_args(parser)
-    flags = {(): None, ("--no-async-scheduling",): False, ("--async-scheduling",): True}
-    for extra, expected in flags.items():
-        assert engine_config_from_args(parser.parse_args(["--device", "cpu", *extra])).async_scheduling is expected
-
-
-def test_default_is_on_for_cuda_only():
-    """None (the default) means on where there is something to overlap: a CUDA device, not a CPU."""
-    assert make_llm(None).engine.async_scheduling is False
-    assert make_llm(True).engine.async_scheduling is True
 
 
 @pytest.mark.cuda
@@ -304,17 +171,3 @@ def test_waiting_request_not_admitted_keeps_block_tables_exact():
         assert stale == []
     assert runs[True] == runs[False]
     assert llm.stats().num_discarded_lookaheads > 0
-
-
-def test_a_failing_lookahead_launch_falls_back_to_synchronous_steps():
-    expected = drive(make_llm(False, eos_boost=0.0), {0: [([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=12,
-                                                                                            ignore_eos=True))]})
-    llm = make_llm(True, eos_boost=0.0)
-
-    def broken(*args, **kwargs):
-        raise RuntimeError("simulated launch failure")
-    llm.engine.runner.launch_decode = broken
-    got = drive(llm, {0: [([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]})
-    assert got == expected and llm.engine.async_scheduling is False
-    bm = llm.engine.block_manager
-    assert bm.num_free_blocks == bm.num_blocks  # the blocks allocated for the failed look-ahead came back
