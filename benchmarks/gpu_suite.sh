@@ -212,10 +212,10 @@ last7)  # a short call: nano-vllm throughput, k_int8_v_fp8 then bf16, logs and J
       >"$o/throughput_$c.log" 2>&1; echo "exit $?"; tail -4 "$o/throughput_$c.log"; tar -czf "$out/last7.tgz" -C $o .
   done ;;
 graphs8)  # next session: piecewise graphs for steps with prefill chunks (experimental flag) on the GPU: the cuda
-  # equality test, then interference and throughput with and without (~300 s)
+  # equality test, then interference and throughput with and without (~450 s; interference builds 4 7B engines)
   TAIL=10 step 120 python3 -m pytest -q -m cuda -rf --tb=short tests/test_gpu_engine.py
   for f in no-cuda-graph-mixed cuda-graph-mixed; do
-    TAIL=10 step 90 $N bench interference $Q7 --b-prompt-len 32768 --$f --json "$out/interference_$f.json"
+    TAIL=10 step 160 $N bench interference $Q7 --b-prompt-len 32768 --$f --json "$out/interference_$f.json"
     step 75 $N bench throughput $Q06 --max-model-len 2048 --$f --json "$out/throughput_qwen3_0.6b_$f.json"
   done ;;
 next17a)  # next session, issue 17 with the 1-warp decode tile (~350 s; results in OUTDIR/next17a.tgz after each step, a

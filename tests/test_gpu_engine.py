@@ -50,8 +50,14 @@ def test_piecewise_graphs_for_prefill_chunks_equal_eager(checkpoint):
     for mixed in (False, True):
         llm = LLM(str(checkpoint), device="cuda", dtype="float32", enforce_eager=not mixed, cuda_graph_mixed=mixed,
                   max_num_seqs=16, max_num_batched_tokens=24, num_kv_blocks=256)
-        assert (llm.engine.runner.mixed_graphs is not None) == mixed
+        runner = llm.engine.runner
+        assert (runner.mixed_graphs is not None) == mixed
+        replays = []
+        if mixed:  # count the steps that really replayed segments
+            run = runner.mixed_graphs.run
+            runner.mixed_graphs.run = lambda *a: replays.append(a[0].shape[0]) or run(*a)
         outputs[mixed] = [o.outputs[0].token_ids for o in greedy(llm)]
+        assert bool(replays) == mixed, replays
         del llm
     assert outputs[True] == outputs[False]
 

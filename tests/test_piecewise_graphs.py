@@ -30,10 +30,18 @@ def test_buckets_cover_every_step_size_with_bounded_padding(limit):
 
 def test_graph_reserve_scales_the_profiled_activations():
     on = EngineConfig(model="x", cuda_graph_mixed=True, max_num_batched_tokens=16384)
-    assert graph_reserve(EngineConfig(model="x"), 16384, 1000) == 0
-    assert graph_reserve(on, 16384, 16000) == 2000  # largest bucket 2,048 of a 16,384-token profile
-    assert graph_reserve(on.model_copy(update={"enforce_eager": True}), 16384, 16000) == 0
-    assert graph_reserve(on.model_copy(update={"max_num_batched_tokens": 1024}), 1024, 5000) == 5000
+    outputs = sum(mixed_buckets(16384)) * 10  # every bucket's output rows stay in the pool (10 bytes a row here)
+    assert graph_reserve(EngineConfig(model="x"), 16384, 1000, 10) == 0
+    assert graph_reserve(on, 16384, 16000, 10) == 2500 + outputs  # largest bucket 2,048 of 16,384, 25% slack
+    assert graph_reserve(on.model_copy(update={"enforce_eager": True}), 16384, 16000, 10) == 0
+    small = on.model_copy(update={"max_num_batched_tokens": 1024})
+    assert graph_reserve(small, 1024, 4000, 10) == 5000 + sum(mixed_buckets(1024)) * 10
+
+
+def test_no_bucket_past_what_a_step_can_hold():
+    from nanocore.engine.piecewise_graphs import step_token_limit
+    assert step_token_limit(16384, 4, 100) == 400
+    assert mixed_buckets(step_token_limit(16384, 4, 100))[-1] == 400
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +66,7 @@ def test_segmented_steps_equal_the_plain_engine(checkpoint):
     plain = _greedy(_llm(checkpoint))
     llm = _llm(checkpoint)
     runner = llm.engine.runner
-    graphs = PiecewiseGraphs(runner.model, runner.kv_caches, runner.codec, 64, 6, torch.device("cpu"), torch.float32,
+    graphs = PiecewiseGraphs(runner.model, runner.kv_caches, runner.codec, 64, torch.device("cpu"), torch.float32,
                              capture=False)
     sizes = []
 
@@ -82,7 +90,7 @@ def test_segmented_steps_equal_the_plain_engine(checkpoint):
 def test_which_steps_may_replay(checkpoint):
     from nanocore.layers.attention import AttentionMetadata
     runner = _llm(checkpoint).engine.runner
-    graphs = PiecewiseGraphs(runner.model, runner.kv_caches, runner.codec, 64, 6, torch.device("cpu"), torch.float32,
+    graphs = PiecewiseGraphs(runner.model, runner.kv_caches, runner.codec, 64, torch.device("cpu"), torch.float32,
                              capture=False)
     chunk = AttentionMetadata.for_prefill([40, 3])
     assert graphs.can_run(chunk, 43)

@@ -102,9 +102,16 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
     decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device)
     if not config.cuda_graph_mixed:
         return decode, None
-    from nanocore.engine.piecewise_graphs import PiecewiseGraphs
-    return decode, PiecewiseGraphs(model, kv_caches, codec, config.max_num_batched_tokens, config.max_num_seqs,
-                                   device, dtype)
+    from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
+    limit = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
+    try:
+        return decode, PiecewiseGraphs(model, kv_caches, codec, limit, device, dtype)
+    except Exception as exc:  # experimental: a capture that fails leaves the engine on eager chunked steps
+        logger.warning("piecewise CUDA graphs disabled, steps with prefill chunks run eagerly: capture failed "
+                       "(%s: %s)", type(exc).__name__, exc)
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        return decode, None
 
 
 def graph_blocker(model: torch.nn.Module) -> str | None:

@@ -20,13 +20,15 @@ def num_kv_blocks_for_cpu(config: EngineConfig, bytes_per_block: int) -> int:
     return num_blocks
 
 
-def graph_reserve(config: EngineConfig, profiled_tokens: int, activation_peak: int) -> int:
-    """Bytes kept for the piecewise graphs' memory pool: the activations of their largest bucket, scaled from
-    the profiled forward (their pool lives beside the eager steps' activations, not within them)."""
+def graph_reserve(config: EngineConfig, profiled_tokens: int, activation_peak: int, row_bytes: int) -> int:
+    """Bytes kept for the piecewise graphs' memory pool, which lives beside the eager steps' activations: the
+    profiled activations scaled to the largest bucket plus 25% (MoE padding and side-stream blocks do not scale down
+    linearly), and every bucket's output rows (``row_bytes`` each), which stay in the pool."""
     if not config.cuda_graph_mixed or config.enforce_eager:
         return 0
     from nanocore.engine.piecewise_graphs import mixed_buckets
-    return int(activation_peak * min(1.0, mixed_buckets(config.max_num_batched_tokens)[-1] / profiled_tokens))
+    buckets = mixed_buckets(profiled_tokens)  # the profile ran the most tokens a step can hold
+    return int(1.25 * activation_peak * buckets[-1] / profiled_tokens) + sum(buckets) * row_bytes
 
 
 def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes_per_block: int,
@@ -48,8 +50,9 @@ def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes
     torch.cuda.synchronize(device)
     activation_peak = torch.cuda.max_memory_allocated(device) - allocated_before
     used_now = total - free  # weights, CUDA context and other processes
-    budget = total * config.gpu_memory_utilization - used_now - activation_peak - graph_reserve(config, num_tokens,
-                                                                                                activation_peak)
+    row_bytes = hidden.shape[-1] * hidden.element_size()
+    budget = (total * config.gpu_memory_utilization - used_now - activation_peak
+              - graph_reserve(config, num_tokens, activation_peak, row_bytes))
     num_blocks = int(budget // bytes_per_block)
     if num_blocks < 1:
         raise RuntimeError(

@@ -22,6 +22,11 @@ from nanocore.layers.attention import Attention, AttentionMetadata
 logger = logging.getLogger("nanocore")
 
 
+def step_token_limit(max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int) -> int:
+    """The most tokens one step can hold: no bucket past it (it could never run, yet would hold pool memory)."""
+    return min(max_num_batched_tokens, max_num_seqs * max_model_len)
+
+
 def mixed_buckets(max_num_batched_tokens: int, largest: int = 2048) -> list[int]:
     """Token buckets: 8, 16, 32, every 64 to 512, every 128 to 1,024, every 256 to ``largest`` (at most 25% padding
     past 64 tokens), capped
@@ -64,12 +69,12 @@ class SegmentBuffers:
 class PiecewiseGraphs:
     """Per-bucket segment graphs of the model's forward (see the module docstring)."""
 
-    def __init__(self, model, kv_caches, codec, max_num_batched_tokens: int, max_num_seqs: int,
-                 device: torch.device, dtype: torch.dtype, capture: bool = True):
+    def __init__(self, model, kv_caches, codec, max_step_tokens: int, device: torch.device, dtype: torch.dtype,
+                 capture: bool = True):
+        """``max_step_tokens``: the most tokens a step can hold (``step_token_limit``)."""
         self.model = model
         self.kv_caches, self.codec = kv_caches, codec
-        self.buckets = mixed_buckets(max_num_batched_tokens)
-        self.max_num_seqs = max_num_seqs
+        self.buckets = mixed_buckets(max_step_tokens)
         top = self.buckets[-1]
         self.buffers = SegmentBuffers([m for m in model.modules() if isinstance(m, Attention)], top, dtype, device)
         self.input_ids = torch.zeros(top, dtype=torch.int64, device=device)
@@ -85,8 +90,8 @@ class PiecewiseGraphs:
 
     def can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
         """Steps with a chunk of 2+ tokens within the buckets; never the eval path (``kv_from_cache``)."""
-        return (not meta.is_decode_only and num_tokens <= self.buckets[-1] and meta.num_seqs <= self.max_num_seqs
-                and not meta.kv_from_cache and meta.segment_break is None)
+        return (not meta.is_decode_only and num_tokens <= self.buckets[-1] and not meta.kv_from_cache
+                and meta.segment_break is None)
 
     def _load_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[int, int]:
         n = input_ids.shape[0]
@@ -109,30 +114,36 @@ class PiecewiseGraphs:
         pool = torch.cuda.graph_pool_handle()
         stream = torch.cuda.Stream(device)
         for bs in reversed(self.buckets):  # largest first: smaller buckets reuse its pool memory
-            meta = self._capture_meta(bs, device)
             self.segmented_forward(self.input_ids[:bs], self.positions[:bs], None)  # compile outside capture
             torch.cuda.synchronize(device)
-            graphs, layers = [torch.cuda.CUDAGraph()], []
-
-            def cut(layer, q, k, v):
-                out = self.buffers.stash(layer, q, k, v)
-                graphs[-1].capture_end()
-                layers.append(layer)
-                graphs.append(torch.cuda.CUDAGraph())
-                graphs[-1].capture_begin(pool=pool)
-                return out
-
-            meta.segment_break = cut
-            stream.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(stream):
-                graphs[0].capture_begin(pool=pool)
-                self.outputs[bs] = self.model.forward(self.input_ids[:bs], self.positions[:bs], meta)
-                graphs[-1].capture_end()
-            torch.cuda.current_stream(device).wait_stream(stream)
-            self.segments[bs], self.layers[bs] = graphs, layers
+            torch.cuda.empty_cache()  # as torch.cuda.graph: cached blocks cannot be released while capturing
+            self.segments[bs], self.layers[bs] = self._capture_bucket(bs, pool, stream, device)
         torch.cuda.synchronize(device)
         logger.info("captured piecewise CUDA graphs for steps with prefill chunks: %d token buckets %s, %d segments "
                     "each", len(self.buckets), self.buckets, len(self.segments[self.buckets[-1]]))
+
+    def _capture_bucket(self, bs: int, pool, stream: torch.cuda.Stream, device: torch.device):
+        meta = self._capture_meta(bs, device)
+        graphs, layers = [torch.cuda.CUDAGraph()], []
+
+        def cut(layer, q, k, v):
+            out = self.buffers.stash(layer, q, k, v)
+            graphs[-1].capture_end()
+            layers.append(layer)
+            graphs.append(torch.cuda.CUDAGraph())
+            graphs[-1].capture_begin(pool=pool)
+            return out
+
+        meta.segment_break = cut
+        stream.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(stream):
+            graphs[0].capture_begin(pool=pool)
+            try:
+                self.outputs[bs] = self.model.forward(self.input_ids[:bs], self.positions[:bs], meta)
+            finally:  # as torch.cuda.graph's exit: never leave the stream capturing (a failure must surface as itself)
+                graphs[-1].capture_end()
+        torch.cuda.current_stream(device).wait_stream(stream)
+        return graphs, layers
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states ``[T, H]`` of a step with prefill chunks: segment replays, eager attention between."""

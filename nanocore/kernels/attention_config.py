@@ -64,12 +64,15 @@ def default_quant_path() -> str:
 
 
 def decode_quant_path() -> str:
-    """Path of one-byte decode tiles: ``NANOCORE_ATTN_QUANT_PATH`` if set, else ``DECODE_QUANT_PATH``."""
+    """Path of one-byte decode tiles: ``NANOCORE_ATTN_QUANT_PATH`` if set (it then applies to every tile, so
+    ``fold`` there also moves decode off its fp16 default), else ``DECODE_QUANT_PATH``."""
     return default_quant_path() if os.environ.get("NANOCORE_ATTN_QUANT_PATH") else DECODE_QUANT_PATH
 
 
 def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True) -> tuple[int, int, int]:
-    env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")
+    """Tile of a one-byte cache's decode-shaped batch; ``NANOCORE_ATTN_DECODE_TILE`` replaces the one-token tile
+    only (a 1-warp override must not reach the 2+-token tiles: 64-row 1-warp variants compile for 15 s each)."""
+    env = os.environ.get("NANOCORE_ATTN_DECODE_TILE") if one_token else None
     if env:
         try:
             block_n, warps, stages = (int(x) for x in env.split("/"))
