@@ -220,6 +220,7 @@ def test_quant_path_and_decode_tile_overrides(monkeypatch):
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64/2/3")
     assert pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 2
     assert pa.default_config(1, 2, 128).block_n == 64  # a bf16 cache keeps its tile
+    assert pa.default_config(3, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 4  # 2+-token tiles keep theirs
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64x2")
     with pytest.raises(ValueError, match="block_n/num_warps/num_stages"):
         pa.default_config(1, 2, 128, kv_itemsize=1)
