@@ -2,12 +2,18 @@
 capture, no host synchronisation."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
-from nanocore.toolkit.moe_weights import dequantize_fp8_experts, quantize_fp8_experts
+from nanocore.toolkit.moe_weights import dequantize_fp8_experts
 from nanocore.toolkit.reference import EagerMoEExecutor
 from nanocore_triton_fused_moe import TritonFusedMoEExecutor
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from fp8_cases import fp8_inputs  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 if not torch.cuda.is_available():
@@ -17,18 +23,8 @@ if torch.cuda.get_device_capability() < (8, 9):
 
 
 def inputs(m, e, k, h, i, dtype, seed=0, drop=0.0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(m, h, generator=g)
-    weights = torch.softmax(torch.randn(m, k, generator=g), -1)
-    ids = torch.randint(0, e, (m, k), generator=g)
-    ids = torch.where(torch.rand(m, k, generator=g) < drop, -1, ids)
-
-    def gain(*shape):  # a random factor in [1/4, 4] per output row
-        return torch.exp2(torch.rand(*shape, 1, generator=g) * 4 - 2)
-    w13 = torch.randn(e, 2 * i, h, generator=g) * h ** -0.5 * gain(e, 2 * i)
-    w2 = torch.randn(e, h, i, generator=g) * i ** -0.5 * gain(e, h)
-    q13, s13, q2, s2 = (t.cuda() for t in quantize_fp8_experts(w13, w2))
-    return (x.cuda().to(dtype), weights.cuda(), ids.cuda(), q13, q2), {"w13_scale": s13, "w2_scale": s2}
+    args, scales = fp8_inputs(m, e, k, h, i, dtype, drop, seed, softmax_weights=True)
+    return tuple(t.cuda() for t in args), {name: s.cuda() for name, s in scales.items()}
 
 
 def oracle(args, scales):
