@@ -6,11 +6,10 @@ Usage: python tests/moe_ep_fp8_worker.py OUT_DIR  (writes OUT_DIR/rank{0,1}.ok, 
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
 
-from spawn_helpers import spawn_two_ranks  # the script's folder is on sys.path
+from spawn_helpers import finish_ep_check, spawn_two_ranks  # the script's folder is on sys.path
 
 TOKENS_PER_RANK = (13, 1)  # rank 0: a prefill, some tokens routed only to rank 1's experts; rank 1: a decode
 E, TOP_K, H, I = 8, 3, 16, 12
@@ -18,7 +17,7 @@ E, TOP_K, H, I = 8, 3, 16, 12
 
 def worker(rank: int, port: int, out_dir: str) -> None:
     from nanocore.builtin.eager_moe import EagerMoEExecutor
-    from nanocore.distributed import destroy_distributed, exit_worker_process, init_distributed
+    from nanocore.distributed import init_distributed
     from nanocore.layers.moe import FusedMoE
     from nanocore.toolkit.numerics import quantize_fp8_per_row
     from nanocore_triton_fused_moe import TritonFusedMoEExecutor
@@ -35,13 +34,7 @@ def worker(rank: int, port: int, out_dir: str) -> None:
             for param, tensor in ((getattr(ep, name), q), (getattr(ep, f"{name}_scale"), scale)):
                 param.weight_loader(param, tensor, e, shard)
             getattr(single, name).weight_loader(getattr(single, name), q.float() * scale, e, shard)
-    g.manual_seed(100 + rank)
-    x, logits = torch.randn(TOKENS_PER_RANK[rank], H, generator=g), torch.randn(TOKENS_PER_RANK[rank], E, generator=g)
-    logits[:3, E // 2:] += 10.0  # these tokens only need the other rank's experts
-    torch.testing.assert_close(ep(x, logits), single(x, logits), atol=1e-5, rtol=1e-5)
-    destroy_distributed()
-    (Path(out_dir) / f"rank{rank}.ok").write_text("ok")
-    exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
+    finish_ep_check(rank, ep, single, out_dir, TOKENS_PER_RANK, E, H)
 
 
 if __name__ == "__main__":

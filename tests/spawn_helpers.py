@@ -1,8 +1,10 @@
-"""Shared by the spawned gloo test workers (tp_worker, tp_min_worker, moe_ep_worker, teardown_worker)."""
+"""Shared by the spawned gloo test workers (tp_worker, tp_min_worker, moe_ep_worker, moe_ep_fp8_worker,
+teardown_worker)."""
 from __future__ import annotations
 
 import socket
 import time
+from pathlib import Path
 
 import torch.multiprocessing as mp
 
@@ -16,6 +18,23 @@ def free_port() -> int:
 def spawn_two_ranks(worker, *args) -> None:
     """Run ``worker(rank, port, *args)`` in two spawned processes that rendezvous on a free local port."""
     mp.spawn(worker, args=(free_port(), *args), nprocs=2, join=True)
+
+
+def finish_ep_check(rank: int, ep, single, out_dir: str, tokens_per_rank: tuple[int, ...], num_experts: int,
+                    hidden: int) -> None:
+    """The MoE EP workers' last half: this rank's tokens through the EP layer and the EP=1 one (some tokens routed
+    only to the other rank's experts), equal outputs, then ``rank{N}.ok`` and an exit without interpreter teardown."""
+    import torch
+
+    from nanocore.distributed import destroy_distributed, exit_worker_process
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(tokens_per_rank[rank], hidden, generator=g)
+    logits = torch.randn(tokens_per_rank[rank], num_experts, generator=g)
+    logits[:3, num_experts // 2:] += 10.0  # these tokens only need the other rank's experts
+    torch.testing.assert_close(ep(x, logits), single(x, logits), atol=1e-5, rtol=1e-5)
+    destroy_distributed()
+    (Path(out_dir) / f"rank{rank}.ok").write_text("ok")
+    exit_worker_process(0)  # results are saved; skip interpreter teardown (gloo threads can abort it)
 
 
 def process_alive(pid: int) -> bool:
