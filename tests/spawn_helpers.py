@@ -20,6 +20,17 @@ def spawn_two_ranks(worker, *args) -> None:
     mp.spawn(worker, args=(free_port(), *args), nprocs=2, join=True)
 
 
+def run_two_rank_script(script: Path, out_dir: Path, timeout_s: float = 240) -> None:
+    """Run a two-rank worker script (``python SCRIPT OUT_DIR``) and check that both ranks wrote ``rank{N}.ok``."""
+    import subprocess
+    import sys
+    result = subprocess.run([sys.executable, str(script), str(out_dir)], capture_output=True, text=True,
+                            timeout=timeout_s)
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in range(2):
+        assert (out_dir / f"rank{rank}.ok").read_text() == "ok"
+
+
 def finish_ep_check(rank: int, ep, single, out_dir: str, tokens_per_rank: tuple[int, ...], num_experts: int,
                     hidden: int) -> None:
     """The MoE EP workers' last half: this rank's tokens through the EP layer and the EP=1 one (some tokens routed

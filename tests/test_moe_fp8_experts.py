@@ -4,7 +4,6 @@ against the dequantized path."""
 from __future__ import annotations
 
 import logging
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,6 +20,9 @@ from nanocore.loader.expert_weights import ExpertFormats, fp8_channel_reason
 from nanocore.toolkit.checkpoint_formats import parse_quantization_config
 from nanocore.toolkit.numerics import quantize_fp8_per_row
 from nanocore_triton_fused_moe import TritonFusedMoEExecutor
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from spawn_helpers import run_two_rank_script  # noqa: E402
 
 FP8_DYNAMIC = Path(__file__).parent / "data" / "producers" / "qwen2_moe_fp8_dynamic"
 EXPERTS = "model.layers.0.mlp.experts"
@@ -162,11 +164,7 @@ def test_llm_compressor_fp8_dynamic_moe_keeps_fp8_experts_and_matches_the_dequan
 @pytest.mark.slow
 def test_expert_parallel_two_ranks_with_fp8_experts_equals_one(tmp_path):
     """EP=2 over gloo with fp8 experts (each rank its experts and scales) equals EP=1 on the dequantized weights."""
-    script = Path(__file__).with_name("moe_ep_fp8_worker.py")
-    result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
-    for rank in range(2):
-        assert (tmp_path / f"rank{rank}.ok").read_text() == "ok"
+    run_two_rank_script(Path(__file__).with_name("moe_ep_fp8_worker.py"), tmp_path)
 
 
 @pytest.mark.cuda

@@ -1,7 +1,6 @@
 """The MoE layer: router, per-expert weight loading, local and expert-parallel prepare/finalize."""
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +11,9 @@ import torch.nn.functional as F
 from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.distributed import ParallelContext
 from nanocore.layers.moe import FusedMoE, Router, match_expert_weight, select_experts
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from spawn_helpers import run_two_rank_script  # noqa: E402
 
 
 def random_experts(num_experts, hidden, inter, seed=0):
@@ -122,11 +124,7 @@ def test_bad_checkpoint_and_config_errors_are_clear():
 @pytest.mark.slow
 def test_expert_parallel_two_ranks_equals_one(tmp_path):
     """EP=2 over gloo (two spawned processes, different token counts each) equals EP=1."""
-    script = Path(__file__).with_name("moe_ep_worker.py")
-    result = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr
-    for rank in range(2):
-        assert (tmp_path / f"rank{rank}.ok").read_text() == "ok"
+    run_two_rank_script(Path(__file__).with_name("moe_ep_worker.py"), tmp_path)
 
 
 def test_tune_command_shape_per_rank_and_errors():
