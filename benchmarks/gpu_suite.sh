@@ -135,7 +135,7 @@ verify)  # every plugin's cuda conformance and the engine's cuda tests, attentio
     tests/test_engine_async.py tests/test_kernels_small_ops.py tests/test_kernels_kv_store.py tests/test_moe_shared_overlap.py \
     plugins/ conformance/tests plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py \
     plugins_quant/int8_w8a8 plugins_quant/awq/tests/test_conformance.py
-  TAIL=8 step 150 python3 -m pytest -q -m cuda -rf --tb=short -p no:cacheprovider tests/test_kernels_attention.py
+  TAIL=8 step 150 python3 -m pytest -q -m cuda -rf --tb=short -p no:cacheprovider tests/test_kernels_attention.py tests/test_kernels_attention_cuda.py
   for m in unquantized fp8_w8a16 awq; do
     step 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m --json "$out/latency_qwen2.5_7b_$m.json"
   done ;;
@@ -149,7 +149,7 @@ serveprof)  # concurrency 256 vs offline with a GIL profile of server and client
     $N bench serve $Q06 --max-model-len 2048 --concurrency 256 --compare-offline --json "$out/serve_c256_prof.json" ;;
 verify6)  # session 6's GPU paths first (~330 s): fresh-K/V prefill attention, kernel warm-up, fp8 MoE experts,
   # packed W8A16 / block fp8 on int8 + fp8 plugins, then the check that nothing compiles after the engine is ready
-  TAIL=14 step 150 python3 -m pytest -q -m cuda -x -rf --tb=short tests/test_attention_fresh_kv.py tests/test_kernels_attention.py
+  TAIL=14 step 150 python3 -m pytest -q -m cuda -x -rf --tb=short tests/test_attention_fresh_kv.py tests/test_kernels_attention.py tests/test_kernels_attention_cuda.py
   TAIL=14 step 110 python3 -m pytest -q -m cuda -rf --tb=short tests/test_kernel_warmup_gpu.py tests/test_gpu_engine.py \
     tests/test_engine_async.py tests/test_kernels_small_ops.py tests/test_kernels_kv_store.py tests/test_moe_fp8_experts.py \
     plugins_moe tests/test_producer_checkpoints.py plugins_quant/int8_w8a8
@@ -200,7 +200,7 @@ final7)  # session 7's last call (~600 s; every result tarred into OUTDIR/final7
   for spec in bf16 int8 fp8_e4m3 k_int8_v_fp8; do for shape in "64 4096" "256 512"; do set -- $shape
     timeout 40 python3 -m benchmarks.attention_probe $spec --time --heads 28 --kv-heads 4 --seqs $1 --ctx $2 2>&1 | tail -1
   done; done
-  TAIL=8 step 100 python3 -m pytest -q -m cuda -rf --tb=short tests/test_attention_fresh_kv.py tests/test_kernels_attention.py
+  TAIL=8 step 100 python3 -m pytest -q -m cuda -rf --tb=short tests/test_attention_fresh_kv.py tests/test_kernels_attention.py tests/test_kernels_attention_cuda.py
   for c in int8 fp8_e4m3; do
     TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
@@ -246,6 +246,6 @@ codecgap)  # where k_int8_v_fp8's throughput loss comes from: decode steps and k
       --json "$out/prefill_qwen3_0.6b_$c.json"
   done ;;
 attention)  # the attention kernels' own cuda tests (about 100 compiles)
-  TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py -x ;;
+  TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py tests/test_kernels_attention_cuda.py -x ;;
 *) echo "unknown section $s" ;;
 esac; done

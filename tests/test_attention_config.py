@@ -1,0 +1,59 @@
+"""Launch configuration of the paged-attention kernels (nanocore/kernels/attention_config.py): quant paths and
+their flags, decode tiles, environment overrides, the split rule. Host-side only: no kernel runs."""
+from __future__ import annotations
+
+import pytest
+
+
+def test_quant_path_flags_and_defaults():
+    from nanocore.kernels import paged_attention as pa
+    assert pa.DEFAULT_QUANT_PATH in pa.QUANT_PATHS
+    assert pa._quant_flags("dequant", (1, 1), 1) == (False, False)
+    assert pa._quant_flags("fold", (1, 1), 1) == (True, False)
+    assert pa._quant_flags("fold", (2, 1), 32) == (True, True)
+    assert pa._quant_flags("fold_kdeq", (2, 1), 32) == (True, False)
+    assert pa._quant_flags("fold", (2, 1), 8) == (True, False)
+    assert pa._quant_flags("fold", (0, 0), 1) == (False, False)
+    with pytest.raises(ValueError):
+        pa._quant_flags("fast", (1, 1), 1)
+    narrow = pa.default_config(1, 2, 128, kv_itemsize=1)
+    assert (narrow.block_n, narrow.num_warps, narrow.num_stages) == pa.NARROW_DECODE_TILE
+    assert pa.default_config(1, 2, 128) == pa.default_config(1, 2, 128, kv_itemsize=2)
+
+
+def test_quant_path_and_decode_tile_overrides(monkeypatch):
+    from nanocore.kernels import paged_attention as pa
+    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "fold")
+    assert pa.default_quant_path() == "fold"
+    grouped = pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True)
+    assert (grouped.block_n, grouped.num_warps, grouped.num_stages) == pa.GROUP_K_DECODE_TILE  # "fold"'s own tile
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64/2/3")
+    assert pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 2
+    assert pa.default_config(1, 2, 128).block_n == 64  # a bf16 cache keeps its tile
+    assert pa.default_config(3, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 4  # 2+-token tiles keep theirs
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64x2")
+    with pytest.raises(ValueError, match="block_n/num_warps/num_stages"):
+        pa.default_config(1, 2, 128, kv_itemsize=1)
+    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "fastest")
+    with pytest.raises(ValueError, match="NANOCORE_ATTN_QUANT_PATH"):
+        pa.default_quant_path()
+
+
+def test_one_byte_decode_tile_and_its_split_rule():
+    """Pure decode steps on a one-byte cache get the 1-warp fp16_hwcvt tile (H200 sweep, session 7); a step with
+    a chunk of 2+ tokens keeps the 4-warp tiles; 1-warp grids split from under 6 programs per SM."""
+    from nanocore.kernels import attention_config as ac
+    decode = ac.default_config(1, 4, 128, kv_itemsize=1)
+    assert (decode.block_m, decode.block_n, decode.num_warps, decode.quant_path) == (16, 32, 1, "fp16_hwcvt")
+    chunk = ac.default_config(3, 4, 128, kv_itemsize=1)
+    assert (chunk.num_warps, chunk.quant_path) == (4, "fold")
+    assert ac.default_config(1, 32, 128, kv_itemsize=1).num_warps == 4  # 32 GQA rows: too many for one warp
+    assert ac.default_config(1, 4, 128).num_warps == 4  # a bf16 cache keeps its tile
+    sms = 132
+    assert ac.choose_num_splits(512, 4096, 32, sms, num_warps=1) == 4  # the sweep's best at 64 seqs x 8 heads
+    assert ac.choose_num_splits(1024, 512, 32, sms, num_warps=1) == 1  # GQA 7 at 256 x 512: unsplit was fastest
+    assert ac.choose_num_splits(8, 16384, 32, sms, num_warps=1) == 64  # batch 1 at 16K: fill the GPU
+    assert ac.choose_num_splits(8, 700, 32, sms, num_warps=1) == 2  # every split 256+ keys
+    assert ac.choose_num_splits(8, 200, 32, sms, num_warps=1) == 1
+    assert ac.choose_num_splits(512, 4096, 64, sms) == 1  # 4-warp rule unchanged
+    assert ac.choose_num_splits(256, 4096, 64, sms) == 4
