@@ -10,11 +10,11 @@ import torch
 
 from nanocore.config import EngineConfig
 from nanocore.engine.block_manager import BlockManager
-from nanocore.engine.detokenizer import IncrementalDetokenizer, decode_output, encode_prompt
+from nanocore.engine.detokenizer import IncrementalDetokenizer, encode_prompt
 from nanocore.engine.host_transfer import upload
 from nanocore.engine.lookahead import Lookahead, allocate_lookahead, lookahead_rows
 from nanocore.engine.model_runner import ModelRunner
-from nanocore.engine.outputs import CompletionOutput, EngineStats, Logprob, RequestOutput
+from nanocore.engine.outputs import EngineStats, Logprob, RequestOutput, logprob_dict, request_output
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence
@@ -278,34 +278,11 @@ class LLMEngine:
 
     # ---- outputs -------------------------------------------------------------------------
     def request_output(self, request: Request) -> RequestOutput:
-        return RequestOutput(
-            request_id=request.request_id, prompt=request.prompt, prompt_token_ids=request.prompt_token_ids,
-            outputs=[self._completion(seq, det) for seq, det in zip(request.seqs, request.detokenizers)],
-            finished=request.finished, num_cached_tokens=max(0, request.seqs[0].num_cached_tokens),
-        )
-
-    def _completion(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None) -> CompletionOutput:
-        token_ids = seq.output_token_ids
-        if detokenizer is not None:
-            text = detokenizer.output_text
-        else:  # a final stop token (EOS, stop id) is kept in token_ids but not in the text
-            stopped_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
-            text = decode_output(self.tokenizer, token_ids[:-1] if stopped_by_token else token_ids,
-                                 seq.sampling_params.skip_special_tokens)
-        out = CompletionOutput(seq.index, text, token_ids, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
-        if seq.output_logprobs is not None:
-            out.logprobs = [self.logprob_dict(entry) for entry in seq.output_logprobs]
-            out.cumulative_logprob = sum(entry[1][0] for entry in seq.output_logprobs)
-        return out
+        return request_output(request.request_id, request.prompt, request.prompt_token_ids, request.seqs,
+                              request.detokenizers, request.finished, self.tokenizer)
 
     def logprob_dict(self, entry: tuple[list[int], list[float], int]) -> dict[int, Logprob]:
-        """One sampled position's (ids, logprobs, rank of the sampled id) as {token id: Logprob}, decoded."""
-        ids, lps, sampled_rank = entry
-        decode = (lambda t: self.tokenizer.decode([t])) if self.tokenizer is not None else (lambda t: None)
-        out = {ids[0]: Logprob(lps[0], sampled_rank, decode(ids[0]))}
-        for rank, (token_id, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
-            out.setdefault(token_id, Logprob(lp, rank, decode(token_id)))
-        return out
+        return logprob_dict(entry, self.tokenizer)
 
     def prompt_logits(self, token_ids: list[int], kv_from_cache: bool = False) -> torch.Tensor:
         """Teacher-forced logits ``[len(token_ids), vocab]`` through the paged cache and configured codec.

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nanocore.engine.detokenizer import decode_output
+
 
 @dataclass
 class Logprob:
@@ -52,3 +54,39 @@ class EngineStats:
     num_overlapped_steps: int = 0
     num_discarded_lookaheads: int = 0
     prefix_cache: dict = field(default_factory=dict)
+
+
+def request_output(request_id: str, prompt, prompt_token_ids: list[int], seqs, detokenizers, finished: bool,
+                   tokenizer) -> RequestOutput:
+    """A request's output so far: one completion per sequence (``n`` samples)."""
+    return RequestOutput(
+        request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
+        outputs=[completion_output(seq, det, tokenizer) for seq, det in zip(seqs, detokenizers)],
+        finished=finished, num_cached_tokens=max(0, seqs[0].num_cached_tokens),
+    )
+
+
+def completion_output(seq, detokenizer, tokenizer) -> CompletionOutput:
+    """One sequence's text, tokens, finish and logprobs (the detokenizer's text when the request streams)."""
+    token_ids = seq.output_token_ids
+    if detokenizer is not None:
+        text = detokenizer.output_text
+    else:  # a final stop token (EOS, stop id) is kept in token_ids but not in the text
+        stopped_by_token = seq.finish_reason == "stop" and not isinstance(seq.stop_reason, str)
+        text = decode_output(tokenizer, token_ids[:-1] if stopped_by_token else token_ids,
+                             seq.sampling_params.skip_special_tokens)
+    out = CompletionOutput(seq.index, text, token_ids, finish_reason=seq.finish_reason, stop_reason=seq.stop_reason)
+    if seq.output_logprobs is not None:
+        out.logprobs = [logprob_dict(entry, tokenizer) for entry in seq.output_logprobs]
+        out.cumulative_logprob = sum(entry[1][0] for entry in seq.output_logprobs)
+    return out
+
+
+def logprob_dict(entry: tuple[list[int], list[float], int], tokenizer) -> dict[int, Logprob]:
+    """One sampled position's (ids, logprobs, rank of the sampled id) as {token id: Logprob}, decoded."""
+    ids, lps, sampled_rank = entry
+    decode = (lambda t: tokenizer.decode([t])) if tokenizer is not None else (lambda t: None)
+    out = {ids[0]: Logprob(lps[0], sampled_rank, decode(ids[0]))}
+    for rank, (token_id, lp) in enumerate(zip(ids[1:], lps[1:]), start=1):
+        out.setdefault(token_id, Logprob(lp, rank, decode(token_id)))
+    return out
