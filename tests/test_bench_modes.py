@@ -57,7 +57,7 @@ def test_an_eager_moe_executor_blocks_cuda_graphs():
     import torch
 
     from nanocore.builtin.eager_moe import EagerMoEExecutor
-    from nanocore.engine.model_runner import graph_blocker
+    from nanocore.engine.cuda_graphs import graph_blocker
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert graph_blocker(model) is None
@@ -69,7 +69,7 @@ def test_expert_parallel_dispatch_blocks_cuda_graphs():
     """EP's all-to-all sizes its messages on the host: the model says so (no config flag is flipped)."""
     import torch
 
-    from nanocore.engine.model_runner import graph_blocker
+    from nanocore.engine.cuda_graphs import graph_blocker
     from nanocore.layers.moe import AllToAllPrepareFinalize, LocalPrepareFinalize
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from nanocore.config import EngineConfig
-from nanocore.engine.cuda_graphs import capture_graphs, graph_blocker  # noqa: F401 (graph_blocker: re-export)
+from nanocore.engine.cuda_graphs import capture_graphs
 from nanocore.engine.host_transfer import HostCopy, upload
 from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.engine.sequence import Sequence

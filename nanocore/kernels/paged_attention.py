@@ -16,11 +16,10 @@ from nanocore.kernels.attention_config import (DEFAULT_QUANT_PATH, GROUP_K_DECOD
                                               QUANT_PATHS, AttentionConfig, batch_choice, choose_num_splits,
                                               default_config, default_quant_path)
 from nanocore.kernels.device import sm_count
+from nanocore.kernels.kv_store import SCALE_CODES  # scale granularity -> constexpr code, one table for both kernels
 from nanocore.kernels.narrow_attention import narrow_constexprs
 from nanocore.kernels.paged_attention_kernel import _merge_splits_kernel, paged_attention_kernel
 
-#: Scale granularity -> constexpr code used by the kernels.
-SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 LOG2E = 1.4426950408889634
 
 

@@ -23,11 +23,8 @@ import triton.language as tl
 from nanocore.kernels.narrow_attention import load_rows as _load_raw
 from nanocore.kernels.narrow_attention import narrow_pv, narrow_scores
 
-#: Scale granularity -> constexpr code used by the kernels.
-SCALE_CODES = {"none": 0, "token_head": 1, "group": 2}
 #: Initial running max: finite, so a row that sees no key in a split never computes inf - inf.
 _NEG_INIT = tl.constexpr(-1.0e30)
-LOG2E = 1.4426950408889634
 
 
 @triton.jit

@@ -194,10 +194,6 @@ class FusedMoE(nn.Module):
         return self.executor.apply(x, topk_weights, topk_ids, self.w13, self.w2, self.activation,
                                    **self.expert_weights.executor_kwargs())
 
-    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, expert_id: int, shard_id: str) -> None:
-        """Copy one checkpoint tensor of global expert ``expert_id`` (``w1`` gate, ``w3`` up, ``w2`` down)."""
-        param.weight_loader(param, loaded_weight, expert_id, shard_id)
-
     def extra_repr(self) -> str:
         return (f"experts={self.num_local_experts}/{self.num_experts}, top_k={self.top_k}, "
                 f"intermediate={self.intermediate_per_rank}, weights={self.weight_format}, "

@@ -17,7 +17,6 @@ Torch reference: :func:`weight_only_linear_torch`. Used by the fp8, int8 and awq
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass  # noqa: F401  (importable from here before gemm_config existed)
 
 import torch
 import torch.nn.functional as F
