@@ -29,13 +29,21 @@ def test_buckets_cover_every_step_size_with_bounded_padding(limit):
 
 
 def test_graph_reserve_scales_the_profiled_activations():
+    model = torch.nn.Linear(2, 2)  # nothing in it blocks graph capture
     on = EngineConfig(model="x", cuda_graph_mixed=True, max_num_batched_tokens=16384)
     outputs = sum(mixed_buckets(16384)) * 10  # every bucket's output rows stay in the pool (10 bytes a row here)
-    assert graph_reserve(EngineConfig(model="x"), 16384, 1000, 10) == 0
-    assert graph_reserve(on, 16384, 16000, 10) == 2500 + outputs  # largest bucket 2,048 of 16,384, 25% slack
-    assert graph_reserve(on.model_copy(update={"enforce_eager": True}), 16384, 16000, 10) == 0
+    assert graph_reserve(EngineConfig(model="x"), model, 16384, 1000, 10) == 0
+    assert graph_reserve(on, model, 16384, 16000, 10) == 2500 + outputs  # largest bucket 2,048 of 16,384, 25% slack
+    assert graph_reserve(on.model_copy(update={"enforce_eager": True}), model, 16384, 16000, 10) == 0
     small = on.model_copy(update={"max_num_batched_tokens": 1024})
-    assert graph_reserve(small, 1024, 4000, 10) == 5000 + sum(mixed_buckets(1024)) * 10
+    assert graph_reserve(small, model, 1024, 4000, 10) == 5000 + sum(mixed_buckets(1024)) * 10
+
+
+def test_no_reserve_when_the_model_cannot_be_captured():
+    class Blocked(torch.nn.Module):
+        prepare_finalize = type("EP", (), {"cuda_graph_blocker": "expert parallelism sizes messages on the host"})()
+    on = EngineConfig(model="x", cuda_graph_mixed=True)
+    assert graph_reserve(on, Blocked(), 16384, 16000, 10) == 0
 
 
 def test_no_bucket_past_what_a_step_can_hold():

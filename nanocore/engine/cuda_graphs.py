@@ -100,7 +100,7 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
         logger.warning("decode runs without CUDA graphs: %s", blocker)
         return None, None
     decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device)
-    if not config.cuda_graph_mixed:
+    if not captures_mixed_graphs(config, model):
         return decode, None
     from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
     limit = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
@@ -112,6 +112,11 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         return decode, None
+
+
+def captures_mixed_graphs(config: EngineConfig, model: torch.nn.Module) -> bool:
+    """Whether a CUDA engine captures piecewise graphs for steps with prefill chunks (KV sizing reserves their pool)."""
+    return config.cuda_graph_mixed and not config.enforce_eager and graph_blocker(model) is None
 
 
 def graph_blocker(model: torch.nn.Module) -> str | None:

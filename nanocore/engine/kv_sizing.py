@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.engine.piecewise_graphs import mixed_buckets, step_token_limit
 from nanocore.interfaces import KVCodec
 from nanocore.layers.attention import AttentionMetadata
 
@@ -20,13 +21,13 @@ def num_kv_blocks_for_cpu(config: EngineConfig, bytes_per_block: int) -> int:
     return num_blocks
 
 
-def graph_reserve(config: EngineConfig, profiled_tokens: int, activation_peak: int, row_bytes: int) -> int:
-    """Bytes kept for the piecewise graphs' memory pool, which lives beside the eager steps' activations: the
-    profiled activations scaled to the largest bucket plus 25% (MoE padding and side-stream blocks do not scale down
-    linearly), and every bucket's output rows (``row_bytes`` each), which stay in the pool."""
-    if not config.cuda_graph_mixed or config.enforce_eager:
+def graph_reserve(config: EngineConfig, model, profiled_tokens: int, activation_peak: int, row_bytes: int) -> int:
+    """Bytes kept for the piecewise graphs' memory pool (none when they will not be captured), which lives beside
+    the eager steps' activations: the profiled activations scaled to the largest bucket plus 25% (MoE padding and
+    side-stream blocks do not scale down linearly), and every bucket's output rows (``row_bytes`` each)."""
+    from nanocore.engine.cuda_graphs import captures_mixed_graphs
+    if not captures_mixed_graphs(config, model):
         return 0
-    from nanocore.engine.piecewise_graphs import mixed_buckets
     buckets = mixed_buckets(profiled_tokens)  # the profile ran the most tokens a step can hold
     return int(1.25 * activation_peak * buckets[-1] / profiled_tokens) + sum(buckets) * row_bytes
 
@@ -38,7 +39,7 @@ def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes
     torch.cuda.reset_peak_memory_stats(device)
     free, total = torch.cuda.mem_get_info(device)
     allocated_before = torch.cuda.memory_allocated(device)
-    num_tokens = min(config.max_num_batched_tokens, config.max_num_seqs * max_model_len)
+    num_tokens = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
     num_seqs = max(1, min(config.max_num_seqs, num_tokens // max_model_len))
     lens = [num_tokens // num_seqs] * num_seqs
     meta = AttentionMetadata.for_prefill(lens, device)
@@ -52,7 +53,7 @@ def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes
     used_now = total - free  # weights, CUDA context and other processes
     row_bytes = hidden.shape[-1] * hidden.element_size()
     budget = (total * config.gpu_memory_utilization - used_now - activation_peak
-              - graph_reserve(config, num_tokens, activation_peak, row_bytes))
+              - graph_reserve(config, model, num_tokens, activation_peak, row_bytes))
     num_blocks = int(budget // bytes_per_block)
     if num_blocks < 1:
         raise RuntimeError(
