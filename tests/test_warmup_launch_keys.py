@@ -19,7 +19,7 @@ from nanocore.kernels import paged_attention as launcher  # noqa: E402
 HQ, HKV, D, BLOCK = 4, 2, 32, 4
 LIMITS = ServingLimits(max_num_batched_tokens=96, max_num_seqs=6, max_model_len=160)
 KERNEL = launcher.paged_attention_kernel
-SHAPE = AttentionShape(HQ // HKV, HKV, D, 2, False, launcher.default_quant_path())
+SHAPE = AttentionShape(HQ // HKV, HKV, D, 2, False)
 
 
 class KeyRecorder:

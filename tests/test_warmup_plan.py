@@ -16,12 +16,11 @@ from nanocore.engine.warmup_plan import (AttentionShape, ServingLimits, WarmupBa
 from nanocore.kernels import attention_config  # noqa: E402
 from nanocore.kernels.attention_config import batch_choice, default_config  # noqa: E402
 
-BF16_QWEN3_06B = AttentionShape(group=2, num_kv_heads=8, head_dim=128, kv_itemsize=2, k_grouped=False,
-                                quant_path="fold")
+BF16_QWEN3_06B = AttentionShape(group=2, num_kv_heads=8, head_dim=128, kv_itemsize=2, k_grouped=False)
 CASES = [  # (limits, shape, SM count)
     (ServingLimits(256, 20, 2048), BF16_QWEN3_06B, 132),
-    (ServingLimits(200, 20, 2048), AttentionShape(7, 4, 128, 2, False, "fold"), 16),  # Qwen2.5-7B's group
-    (ServingLimits(256, 16, 4096), AttentionShape(4, 2, 64, 1, True, "fold"), 132),  # one-byte cache, grouped K
+    (ServingLimits(200, 20, 2048), AttentionShape(7, 4, 128, 2, False), 16),  # Qwen2.5-7B's group
+    (ServingLimits(256, 16, 4096), AttentionShape(4, 2, 64, 1, True), 132),  # one-byte cache, grouped K
     (ServingLimits(48, 4, 40), BF16_QWEN3_06B, 132),  # max_model_len below the batch budget
 ]
 
@@ -36,11 +35,10 @@ def reachable_choices(limits: ServingLimits, shape: AttentionShape, sm_count: in
 
     def add(q, s):
         out.add(batch_choice(max(q), max(s), len(q), q, s, max(q) > 1, shape.group, shape.num_kv_heads,
-                             shape.head_dim, shape.kv_itemsize, shape.k_grouped, shape.quant_path, sm_count))
+                             shape.head_dim, shape.kv_itemsize, shape.k_grouped, sm_count))
 
     for m in range(1, min(B, L) + 1):
-        cfg = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped,
-                             quant_path=shape.quant_path)
+        cfg = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped)
         decode_shaped = m <= cfg.block_m // shape.group
         lens = sorted({m, m + 1, L} | set(range(16, L + 1, 16)) if decode_shaped else {m, m + 1, L})
         for n in range(1, min(S, B - m + 1) + 1):

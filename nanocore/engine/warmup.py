@@ -14,7 +14,6 @@ import time
 import torch
 
 from nanocore.engine.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
-from nanocore.kernels.attention_config import default_quant_path
 from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import Attention, AttentionMetadata
 from nanocore.layers.sampler import Sampler, SamplingTensors
@@ -28,7 +27,7 @@ def attention_shape(model: torch.nn.Module, codec, dtype: torch.dtype) -> Attent
     layout = codec.layout(dtype)
     itemsize = max(layout.k_dtype.itemsize, layout.v_dtype.itemsize)
     return AttentionShape(attn.num_heads // attn.num_kv_heads, attn.num_kv_heads, attn.head_dim, itemsize,
-                          layout.k_scale == "group", default_quant_path())
+                          layout.k_scale == "group")
 
 
 def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: torch.device):

@@ -36,7 +36,6 @@ class AttentionShape:
     head_dim: int
     kv_itemsize: int
     k_grouped: bool
-    quant_path: str
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def choice_of(batch: WarmupBatch, shape: AttentionShape, sm_count: int) -> Atten
     """The attention choice of ``batch`` in a serving step (cache present, the step's K/V passed fresh)."""
     q, s = list(batch.query_lens), list(batch.seq_lens)
     return batch_choice(max(q), max(s), len(q), q, s, max(q) > 1, shape.group, shape.num_kv_heads, shape.head_dim,
-                        shape.kv_itemsize, shape.k_grouped, shape.quant_path, sm_count)
+                        shape.kv_itemsize, shape.k_grouped, sm_count)
 
 
 def _fits(batch: WarmupBatch, limits: ServingLimits) -> bool:
@@ -72,8 +71,7 @@ def _class_reps(limits: ServingLimits, shape: AttentionShape) -> list[int]:
     """Smallest max query length of each (tile config, fresh) class: the most permissive representative."""
     reps: dict[tuple, int] = {}
     for m in range(1, min(limits.max_num_batched_tokens, limits.max_model_len) + 1):
-        cfg = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped,
-                             quant_path=shape.quant_path)
+        cfg = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped)
         reps.setdefault((cfg, m > 1), m)
     return sorted(reps.values())
 
@@ -109,8 +107,7 @@ def attention_batches(limits: ServingLimits, shape: AttentionShape, sm_count: in
     """One batch per attention choice reachable within ``limits`` (see ``reachable_choices`` in the tests)."""
     seen: dict[AttentionChoice, WarmupBatch] = {}
     for m in _class_reps(limits, shape):
-        block_n = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped,
-                                 quant_path=shape.quant_path).block_n
+        block_n = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped).block_n
         for batch in _candidates(m, limits, shape, sm_count, block_n):
             if _fits(batch, limits):
                 seen.setdefault(choice_of(batch, shape, sm_count), batch)

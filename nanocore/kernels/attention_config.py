@@ -86,10 +86,10 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True
 
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
-                   k_grouped: bool = False, quant_path: str | None = None) -> AttentionConfig:
+                   k_grouped: bool = False) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles. A one-byte
-    cache's one-token decode tile carries its own path (``decode_quant_path``); ``quant_path`` is unused (the
-    other tiles' path is the caller's)."""
+    cache's decode-shaped tiles carry their path (``decode_quant_path`` for one token, else ``default_quant_path``);
+    prefill tiles leave it None (``default_quant_path`` at launch)."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
         one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
@@ -142,14 +142,13 @@ def reads_cache(fresh: bool, query_lens: list[int] | None, seq_lens: list[int] |
 
 def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens: list[int] | None,
                  seq_lens: list[int] | None, fresh: bool, group: int, num_kv_heads: int, head_dim: int,
-                 kv_itemsize: int, k_grouped: bool, quant_path: str, sm_count: int,
+                 kv_itemsize: int, k_grouped: bool, sm_count: int,
                  config: AttentionConfig | None = None) -> AttentionChoice:
     """The launch choices of one batch from host values only; ``sm_count`` 0 (CPU) never splits the KV range.
 
     Every per-batch constexpr of the attention kernels comes from here, so the warm-up can enumerate them.
     """
-    cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped,
-                                   quant_path=quant_path)
+    cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped)
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")

@@ -87,13 +87,12 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     fresh, kn, vn = _fresh_kv(q, k_new, v_new, cache, meta)
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
-    path = (config.quant_path if config is not None else None) or default_quant_path()
     num_seqs = meta.seq_lens.shape[0]
     choice = batch_choice(meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu, meta.seq_lens_cpu,
                           fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
-                          codes[0] == SCALE_CODES["group"], path, sm_count(q.device) if q.is_cuda else 0, config)
+                          codes[0] == SCALE_CODES["group"], sm_count(q.device) if q.is_cuda else 0, config)
     cfg, cached, splits = choice.config, choice.cached, choice.splits
-    path = cfg.quant_path or path  # a one-byte decode tile carries its own path
+    path = cfg.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own path
     # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
     narrow = narrow_constexprs(path if cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
