@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from nanocore.interfaces import WEIGHT_FORMATS, set_weight_attrs
-
-FP8 = torch.float8_e4m3fn
+from nanocore.interfaces.moe_executor import FP8_EXPERT_DTYPE
 
 
 class ExpertWeights:
@@ -26,7 +25,7 @@ class ExpertWeights:
             raise ValueError(f"unknown expert weight format {weight_format!r}; expected one of {list(WEIGHT_FORMATS)}")
         self.layer, self.weight_format = layer, weight_format
         fp8 = weight_format == "fp8_channel"
-        i, dtype = layer.intermediate_per_rank, FP8 if fp8 else params_dtype
+        i, dtype = layer.intermediate_per_rank, FP8_EXPERT_DTYPE if fp8 else params_dtype
         layer.w13 = self._param((num_local_experts, 2 * i, hidden_size), dtype, self.load_weight)
         layer.w2 = self._param((num_local_experts, hidden_size, i), dtype, self.load_weight)
         if fp8:
@@ -64,7 +63,7 @@ class ExpertWeights:
         local = self._local(expert_id, shard_id)
         if local is None:
             return
-        if param.dtype == FP8 and loaded_weight.dtype != FP8:
+        if param.dtype == FP8_EXPERT_DTYPE and loaded_weight.dtype != FP8_EXPERT_DTYPE:
             raise ValueError(f"expert {expert_id} {shard_id} is {loaded_weight.dtype} but this layer holds fp8 e4m3 "
                              f"experts (the checkpoint's config says they are fp8 per channel)")
         i = self.layer.intermediate_per_rank

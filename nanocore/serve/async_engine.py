@@ -124,8 +124,10 @@ class AsyncEngine:
             if self._cuda_index is not None:
                 torch.cuda.set_device(self._cuda_index)
             while not self._stop:
-                self._apply_commands()
+                applied = self._apply_commands()
                 if not self.engine.has_unfinished_requests():
+                    if applied:  # an abort on an idle engine frees blocks: /metrics sees it (a step records itself)
+                        self.metrics.record_step(self.engine, self._num_waiting)
                     self._wake.wait(IDLE_WAIT_S)
                     self._wake.clear()
                     continue
@@ -147,9 +149,10 @@ class AsyncEngine:
         for request_id in list(self._tracked):
             self._fail(request_id, message, status=503)
 
-    def _apply_commands(self) -> None:
+    def _apply_commands(self) -> bool:
+        """Adds and aborts queued by the HTTP side; whether there were any."""
         if not self._commands:
-            return
+            return False
         while self._commands:
             kind, payload = self._commands.popleft()
             if kind == "add":
@@ -159,7 +162,7 @@ class AsyncEngine:
                     self._fail(request_id, payload, status=503)
             elif payload in self._tracked:
                 self._remove(payload, abort=True)
-        self.metrics.record_step(self.engine, self._num_waiting)  # an abort on an idle engine frees blocks too
+        return True
 
     def _add(self, tracked: TrackedRequest) -> None:
         try:
