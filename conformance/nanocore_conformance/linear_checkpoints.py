@@ -22,6 +22,7 @@ from nanocore.toolkit.int_packing import (
 from nanocore.toolkit.numerics import (
     awq_dequantize,
     awq_pack,
+    expand_block_scales,
     quantize_fp8_blocks,
     quantize_fp8_per_row,
     quantize_int8_per_row,
@@ -59,8 +60,7 @@ def _fp8_tensor(w):
 def _fp8_block(w):
     q, tiles = quantize_fp8_blocks(w, (128, 128))  # one scale per 128 x 128 tile (partial tiles at the edges)
     tiles = tiles.to(torch.bfloat16)  # as llm-compressor stores them
-    held = tiles.float().repeat_interleave(128, 0)[:w.shape[0]].repeat_interleave(128, 1)[:, :w.shape[1]]
-    return {"weight": q, "weight_scale": tiles}, q.float() * held
+    return {"weight": q, "weight_scale": tiles}, q.float() * expand_block_scales(tiles, w.shape, (128, 128))
 
 
 def _int8_channel(w):

@@ -31,6 +31,7 @@ from nanocore.toolkit.gemm import (
     split_k_for,
     splitk_workspace,
 )
+from nanocore.toolkit.numerics import expand_block_scales
 
 try:
     import triton
@@ -72,10 +73,8 @@ def expand_block_rows(scale: torch.Tensor, rows: int, block_rows: int) -> torch.
 
 def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     """The float32 weight ``Wq * S`` of a block-scaled ``weight [N, K]``."""
-    n, k = weight.shape
     check_block_scales(weight, scale, block, kernel=False)
-    s = scale.float().repeat_interleave(block[0], dim=0)[:n].repeat_interleave(block[1], dim=1)[:, :k]
-    return weight.float() * s
+    return weight.float() * expand_block_scales(scale, weight.shape, block)
 
 
 def block_scaled_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int],

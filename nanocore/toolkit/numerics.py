@@ -37,6 +37,12 @@ def quantize_fp8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_fp8(x, scale), scale
 
 
+def expand_block_scales(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
+    """float32 ``[N, K]``: each tile's scale repeated over its ``block = (rows, cols)`` tile (partial at the edges)."""
+    (n, k), (rows, cols) = shape, block
+    return scale.float().repeat_interleave(rows, dim=0)[:n].repeat_interleave(cols, dim=1)[:, :k]
+
+
 def quantize_fp8_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:
     """fp8 e4m3 values of ``w [N, K]`` and float32 scales ``[ceil(N / rows), ceil(K / cols)]``, one per
     ``block = (rows, cols)`` tile (absmax / 448; partial tiles at the edges), as llm-compressor's FP8_BLOCK writes."""
@@ -44,8 +50,7 @@ def quantize_fp8_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)) ->
     padded = torch.nn.functional.pad(w.float().abs(), (0, -k % cols, 0, -n % rows))
     tiles = padded.reshape(padded.shape[0] // rows, rows, padded.shape[1] // cols, cols).amax(dim=(1, 3))
     scale = (tiles / FP8_MAX).clamp_min(_MIN_SCALE)
-    full = scale.repeat_interleave(rows, dim=0)[:n].repeat_interleave(cols, dim=1)[:, :k]
-    return quantize_fp8(w, full), scale
+    return quantize_fp8(w, expand_block_scales(scale, (n, k), block)), scale
 
 
 def quantize_int8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
