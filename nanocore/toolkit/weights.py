@@ -21,6 +21,20 @@ def max_scale_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs)
     param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
 
 
+
+def _shard_id_of(args: tuple, kwargs: dict):
+    """The shard id a weight loader was called with (positional, ``shard_id`` or ``loaded_shard_id``)."""
+    return args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
+
+
+def _layer_shard_index(layer: torch.nn.Module, shard_id) -> int | None:
+    """Index of ``shard_id`` among the layer's merged outputs; None for a tensor that covers all of them."""
+    if shard_id is None:
+        return None
+    if hasattr(layer, "_shard_index"):  # the parallel linears: their own ids ("q", 0, ...) and checks
+        return layer._shard_index(shard_id)
+    return _SHARD_INDEX.get(shard_id, shard_id)
+
 class ChannelScaledWeights:
     """Creates and finishes a layer's ``weight`` / ``weight_scale`` (/ ``input_scale``) for one method."""
 
@@ -51,8 +65,8 @@ class ChannelScaledWeights:
     def _scale_loader(self, layer: torch.nn.Module, loader):
         def load(param, loaded, *args, **kwargs):
             check_dtype(loaded, param.dtype, "weight_scale", self.method)
-            shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
-            self.scaled_shards.add(self._shard_index(layer, shard_id))
+            shard_id = _shard_id_of(args, kwargs)
+            self.scaled_shards.add(_layer_shard_index(layer, shard_id))
             if loaded.numel() == 1:  # one scale per tensor: the rows of its shard (all rows for a merged tensor)
                 start, size = self._shard_rows(layer, shard_id)
                 param.data[start:start + size].fill_(float(loaded))
@@ -61,16 +75,8 @@ class ChannelScaledWeights:
             return loader(param, loaded.reshape(-1, 1), *args, **kwargs)
         return load
 
-    def _shard_index(self, layer: torch.nn.Module, shard_id) -> int | None:
-        """Index of ``shard_id`` among the layer's merged outputs; None for a tensor that covers all of them."""
-        if shard_id is None:
-            return None
-        if hasattr(layer, "_shard_index"):  # the parallel linears: their own ids ("q", 0, ...) and checks
-            return layer._shard_index(shard_id)
-        return _SHARD_INDEX.get(shard_id, shard_id)
-
     def _shard_rows(self, layer: torch.nn.Module, shard_id) -> tuple[int, int]:
-        index = self._shard_index(layer, shard_id)
+        index = _layer_shard_index(layer, shard_id)
         if index is None:
             return 0, sum(self.partition_sizes)
         return sum(self.partition_sizes[:index]), self.partition_sizes[index]
@@ -143,7 +149,7 @@ class BlockScaledWeights:
         from nanocore.toolkit.gemm_block import expand_block_rows
 
         def load(param, loaded, *args, **kwargs):
-            shard_id = args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
+            shard_id = _shard_id_of(args, kwargs)
             rows = self._full_rows(layer, shard_id)
             return loader(param, expand_block_rows(loaded.float(), rows, self.block[0]), *args, **kwargs)
         return load
@@ -154,9 +160,7 @@ class BlockScaledWeights:
         full = getattr(layer, "_full_shard_size", lambda i: sizes[i])  # parallel linears know TP / replicated kv
         if shard_id is None:
             return sum(full(i) for i in range(len(sizes)))
-        index = layer._shard_index(shard_id) if hasattr(layer, "_shard_index") else _SHARD_INDEX.get(shard_id,
-                                                                                                     shard_id)
-        return full(index)
+        return full(_layer_shard_index(layer, shard_id))
 
     def scale(self, layer: torch.nn.Module) -> torch.Tensor:
         return getattr(layer, self.scale_name)
