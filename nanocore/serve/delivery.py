@@ -24,11 +24,7 @@ class LoopSink:
         call_soon(tracked.loop, settle, tracked.accepted, exc)
 
     def deliver(self, ready: list[tuple[TrackedRequest, RequestUpdate]]) -> None:
-        batches: dict[asyncio.AbstractEventLoop, list] = {}
-        for tracked, update in ready:
-            batches.setdefault(tracked.loop, []).append((tracked.queue, update))
-        for loop, items in batches.items():  # one hand-over per event loop per step
-            call_soon(loop, deliver, items)
+        deliver_by_loop((tracked.loop, tracked.queue, update) for tracked, update in ready)
 
     def started(self, tracked: TrackedRequest) -> None:
         pass  # the AsyncEngine counts its own waiting requests
@@ -71,6 +67,15 @@ def settle(future: asyncio.Future, exc: BaseException | None) -> None:
 def deliver(items: list) -> None:
     for queue, update in items:
         queue.put_nowait(update)
+
+
+def deliver_by_loop(updates) -> None:
+    """``(event loop, queue, update)`` triples handed over with one call per event loop (once per step)."""
+    batches: dict[asyncio.AbstractEventLoop, list] = {}
+    for loop, queue, update in updates:
+        batches.setdefault(loop, []).append((queue, update))
+    for loop, items in batches.items():
+        call_soon(loop, deliver, items)
 
 
 def call_soon(loop: asyncio.AbstractEventLoop, callback, *args) -> None:

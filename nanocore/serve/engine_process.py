@@ -21,7 +21,14 @@ import threading
 import uuid
 
 from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.delivery import RequestStream, call_soon, check_admission, deliver, settle
+from nanocore.serve.delivery import (
+    RequestStream,
+    call_soon,
+    check_admission,
+    deliver,
+    deliver_by_loop,
+    settle,
+)
 from nanocore.serve.protocol import APIError
 from nanocore.serve.request_state import RequestUpdate
 
@@ -253,14 +260,13 @@ class EngineProcessFront:
             self._fail_the_rest()
 
     def _dispatch(self, updates: list[tuple[str, RequestUpdate]]) -> None:
-        batches: dict[asyncio.AbstractEventLoop, list] = {}
+        ready = []
         with self._lock:
             for request_id, update in updates:
                 handle = self._requests.pop(request_id) if update.finished else self._requests.get(request_id)
                 if handle is not None:  # else aborted here while the step ran
-                    batches.setdefault(handle.loop, []).append((handle.queue, update))
-        for loop, items in batches.items():
-            call_soon(loop, deliver, items)
+                    ready.append((handle.loop, handle.queue, update))
+        deliver_by_loop(ready)
 
     def _settle_accepted(self, request_id: str, error) -> None:
         with self._lock:
