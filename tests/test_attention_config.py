@@ -57,3 +57,20 @@ def test_one_byte_decode_tile_and_its_split_rule():
     assert ac.choose_num_splits(8, 200, 32, sms, num_warps=1) == 1
     assert ac.choose_num_splits(512, 4096, 64, sms) == 1  # 4-warp rule unchanged
     assert ac.choose_num_splits(256, 4096, 64, sms) == 4
+
+
+def test_launch_choice_is_computed_once_per_step(monkeypatch):
+    """Every layer of a step shares one metadata object: the launch choice is memoised on it, not recomputed."""
+    import torch
+
+    from nanocore.kernels import paged_attention as pa
+    from nanocore.layers.attention import AttentionMetadata
+    calls = []
+    real = pa.batch_choice
+    monkeypatch.setattr(pa, "batch_choice", lambda *a, **k: calls.append(1) or real(*a, **k))
+    meta = AttentionMetadata.for_prefill([5, 3])
+    q, k = torch.randn(8, 4, 16), torch.randn(8, 2, 16)
+    outs = [pa.paged_attention(q, k, k, None, meta, 0.25) for _ in range(3)]
+    assert len(calls) == 1 and all(torch.equal(outs[0], o) for o in outs)
+    pa.paged_attention(q, k, k, None, meta, 0.25, config=pa.AttentionConfig(16, 16, 4, 1))  # another choice
+    assert len(calls) == 2

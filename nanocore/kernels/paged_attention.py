@@ -88,9 +88,12 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     num_seqs = meta.seq_lens.shape[0]
-    choice = batch_choice(meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu, meta.seq_lens_cpu,
-                          fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
-                          codes[0] == SCALE_CODES["group"], sm_count(q.device) if q.is_cuda else 0, config)
+    shape = (fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
+             codes[0] == SCALE_CODES["group"], sm_count(q.device) if q.is_cuda else 0, config)
+    choice = meta.launch_choices.get(shape)  # every layer of a step shares it: computed once per step
+    if choice is None:
+        choice = meta.launch_choices[shape] = batch_choice(
+            meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu, meta.seq_lens_cpu, *shape)
     cfg, cached, splits = choice.config, choice.cached, choice.splits
     path = cfg.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own path
     # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)

@@ -12,7 +12,7 @@ decode batches never read ``k_new``). ``AttentionMetadata.kv_from_cache`` reads 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -49,6 +49,8 @@ class AttentionMetadata:
     #: Piecewise CUDA graphs (engine/piecewise_graphs.py): called by each attention layer with its q/k/v
     #: ``[T, heads, head_dim]`` instead of storing and attending; returns the ``[T, heads * head_dim]`` output rows.
     segment_break: Callable[[Attention, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    #: The attention kernels' launch choice per layer shape, memoised for the step (``paged_attention``).
+    launch_choices: dict = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:
