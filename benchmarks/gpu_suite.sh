@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -231,6 +231,33 @@ next17a)  # next session, issue 17 with the 1-warp decode tile (~350 s; results 
 next17b)  # next session: the KV-bound workload per codec with the 1-warp tile (~450 s)
   o=/tmp/next17b; mkdir -p $o; pack() { tar -czf "$out/next17b.tgz" -C $o . ; }
   for c in unquantized k_int8_v_fp8 int8 fp8_e4m3; do
+    TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
+  done ;;
+s8a)  # session 8's first call (~560 s; results tarred into OUTDIR/s8a.tgz after each step): the engine's cuda tests
+  # (piecewise graphs' equality test included), nano-vllm throughput bf16 / k_int8_v_fp8 (1-warp decode tile) /
+  # bf16 with piecewise graphs, 7B interference with piecewise graphs
+  o=/tmp/s8a; mkdir -p $o; pack() { tar -czf "$out/s8a.tgz" -C $o . ; }
+  TAIL=14 step 130 python3 -m pytest -q -m cuda -rf --tb=short tests/test_gpu_engine.py >$o/gpu_engine_tests.log; pack
+  cat $o/gpu_engine_tests.log
+  for c in unquantized k_int8_v_fp8; do
+    step 80 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c --json "$o/throughput_qwen3_0.6b_$c.json"; pack
+  done
+  step 90 $N bench throughput $Q06 --max-model-len 2048 --cuda-graph-mixed \
+    --json "$o/throughput_qwen3_0.6b_unquantized_cuda_graph_mixed.json"; pack
+  TAIL=12 step 180 $N bench interference $Q7 --b-prompt-len 32768 --cuda-graph-mixed \
+    --modes no_chunking,decode_first_chunk128,decode_first_chunk1024 --json "$o/interference_cuda_graph_mixed.json"; pack ;;
+s8b)  # session 8's second call (~560 s, OUTDIR/s8b.tgz): 7B interference without piecewise graphs (same modes), batch-1
+  # TPOT at 128 and 16K context per codec, KV-bound workload bf16 / k_int8_v_fp8 with the 1-warp tile
+  o=/tmp/s8b; mkdir -p $o; pack() { tar -czf "$out/s8b.tgz" -C $o . ; }
+  TAIL=12 step 150 $N bench interference $Q7 --b-prompt-len 32768 --no-cuda-graph-mixed \
+    --modes no_chunking,decode_first_chunk128,decode_first_chunk1024 --json "$o/interference_eager_mixed.json"; pack
+  for c in unquantized k_int8_v_fp8; do
+    step 40 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec $c --json "$o/latency_qwen3_0.6b_$c.json"
+    step 60 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 16640 --prompt-len 16384 --kv-codec $c \
+      --json "$o/latency_16k_qwen3_0.6b_$c.json"; pack
+  done
+  for c in unquantized k_int8_v_fp8; do
     TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
   done ;;
