@@ -59,6 +59,23 @@ def test_one_byte_decode_tile_and_its_split_rule():
     assert ac.choose_num_splits(256, 4096, 64, sms) == 4
 
 
+def test_chunks_over_a_long_cached_prefix_split_the_kv_range():
+    """Issue 19 item 4: a chunk's few q tiles at a long context split like a decode grid (4-warp rule); big
+    batches, first chunks and the CPU do not."""
+    from nanocore.kernels.attention_config import batch_choice
+
+    def splits(query_lens, seq_lens, group=7, kv_heads=4, sms=132):
+        return batch_choice(max(query_lens), max(seq_lens), len(query_lens), query_lens, seq_lens, True, group,
+                            kv_heads, 128, 2, False, sms).splits
+    # Qwen2.5-7B, a 128-token chunk at 32K plus one decode: (15 + 1) q tiles x 4 KV heads = 64 programs
+    assert splits([128, 1], [32768, 40]) == 16
+    assert splits([1024, 1], [32768, 40]) == 1  # 114 q tiles x 4 heads: the grid already fills 132 SMs
+    assert splits([128] + [1] * 255, [32768] + [600] * 255) == 1  # many decode programs
+    assert splits([128], [128]) == 1  # a first chunk: nothing cached, never split
+    assert splits([128, 1], [32768, 40], sms=0) == 1  # CPU
+    assert splits([128, 1], [200, 40]) == 1  # a short prefix: under 8 tiles of keys
+
+
 def test_launch_choice_is_computed_once_per_step(monkeypatch):
     """Every layer of a step shares one metadata object: the launch choice is memoised on it, not recomputed."""
     import torch

@@ -78,8 +78,9 @@ def rows(meta, b):
 
 
 @pytest.mark.parametrize("config", [None, AttentionConfig(16, 16, 4, 1), AttentionConfig(64, 16, 4, 1, num_splits=3),
+                                    AttentionConfig(16, 16, 4, 1, num_splits=3),
                                     AttentionConfig(32, 32, 4, 1, quant_path="fp16_vw")],
-                         ids=["default", "tiles_16", "split_3", "fp16_path"])
+                         ids=["default", "tiles_16", "split_3", "q_tiles_split_3", "fp16_path"])
 @pytest.mark.parametrize("name", CODECS)
 def test_chunk_reads_its_own_kv_unquantized(name, config):
     codec = make_codec(name)

@@ -28,8 +28,9 @@ CASES = [  # (limits, shape, SM count)
 def reachable_choices(limits: ServingLimits, shape: AttentionShape, sm_count: int) -> set:
     """Every choice of a batch the scheduler may form: up to max_num_seqs rows, max_num_batched_tokens tokens,
     max_model_len per row. The choice depends on (max query m, rows n, max KV length, whether anything is read
-    through the cache); KV lengths are walked at 16-token granularity (tiles are multiples of 16) where the grid
-    is decode-shaped, at its ends elsewhere (no split-KV there: checked below)."""
+    through the cache); KV lengths are walked at 16-token granularity (tiles are multiples of 16). A chunk's choice
+    depends on its length only through the tile config and its q-tile count (its split count), so one length per
+    (config, q tiles) is walked: the smallest, which admits the most rows and KV lengths."""
     out = set()
     B, S, L = limits.max_num_batched_tokens, limits.max_num_seqs, limits.max_model_len
 
@@ -37,17 +38,19 @@ def reachable_choices(limits: ServingLimits, shape: AttentionShape, sm_count: in
         out.add(batch_choice(max(q), max(s), len(q), q, s, max(q) > 1, shape.group, shape.num_kv_heads,
                              shape.head_dim, shape.kv_itemsize, shape.k_grouped, sm_count))
 
+    walked = set()
     for m in range(1, min(B, L) + 1):
         cfg = default_config(m, shape.group, shape.head_dim, shape.kv_itemsize, k_grouped=shape.k_grouped)
-        decode_shaped = m <= cfg.block_m // shape.group
-        lens = sorted({m, m + 1, L} | set(range(16, L + 1, 16)) if decode_shaped else {m, m + 1, L})
+        key = (cfg, m > 1, -(-m // (cfg.block_m // shape.group)))
+        if key in walked:
+            continue
+        walked.add(key)
+        lens = sorted({m, m + 1, L} | set(range(16, L + 1, 16)))
         for n in range(1, min(S, B - m + 1) + 1):
             if m >= 2 and m + 2 * (n - 1) <= B:  # first chunks only: rows of 2..m tokens, nothing cached
                 add([m] + [2] * (n - 1), [m] + [2] * (n - 1))
             for s in (x for x in lens if m <= x <= L and (n > 1 or m == 1 or x > m)):
                 add([m] + [1] * (n - 1), [s] + [1] * (n - 1))
-            if not decode_shaped:
-                assert all(c.splits == 1 for c in out if c.config == cfg)
     return out
 
 

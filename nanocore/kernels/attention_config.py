@@ -153,7 +153,13 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
     num_q_tiles = triton.cdiv(max(max_query_len, 1), block_q)
+    cached = reads_cache(fresh, query_lens, seq_lens)
     splits = cfg.num_splits or 1
-    if not cfg.num_splits and sm_count and num_q_tiles == 1:  # decode-shaped grids only
-        splits = choose_num_splits(num_seqs * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
-    return AttentionChoice(cfg, fresh, reads_cache(fresh, query_lens, seq_lens), splits)
+    if not cfg.num_splits and sm_count and (num_q_tiles == 1 or cached):
+        # decode-shaped grids, and chunks over a cached prefix: a 128-token chunk at 32K context is 60 programs
+        # of 32K keys each on Qwen2.5-7B (H200: 5% MFU, issue 19 item 4); first chunks only never split
+        q_tiles = num_seqs
+        if num_q_tiles > 1:
+            q_tiles = sum(triton.cdiv(n, block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
+        splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
+    return AttentionChoice(cfg, fresh, cached, splits)
