@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -260,6 +260,32 @@ s8b)  # session 8's second call (~560 s, OUTDIR/s8b.tgz): 7B interference withou
   for c in unquantized k_int8_v_fp8; do
     TAIL=3 step 110 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json"; pack
+  done ;;
+s8c)  # session 8's third call (~580 s, OUTDIR/s8c.tgz): cuda tests of the engine and of chunk attention with split-KV,
+  # 7B interference (piecewise graphs now default, chunks split over long prefixes), throughput with / without
+  # piecewise graphs, batch-1 TPOT per one-token tile on k_int8_v_fp8
+  o=/tmp/s8c; mkdir -p $o; pack() { tar -czf "$out/s8c.tgz" -C $o . ; }
+  step 170 python3 -m pytest -q -m cuda -rf --tb=short tests/test_gpu_engine.py tests/test_attention_fresh_kv.py \
+    tests/test_kernels_attention_cuda.py >$o/cuda_tests.log 2>&1; tail -6 $o/cuda_tests.log; pack
+  TAIL=12 step 150 $N bench interference $Q7 --b-prompt-len 32768 \
+    --modes no_chunking,decode_first_chunk128,decode_first_chunk1024 --json "$o/interference_default.json"; pack
+  step 80 $N bench throughput $Q06 --max-model-len 2048 --json "$o/throughput_qwen3_0.6b_unquantized.json"; pack
+  step 80 $N bench throughput $Q06 --max-model-len 2048 --no-cuda-graph-mixed \
+    --json "$o/throughput_qwen3_0.6b_unquantized_no_mixed.json"; pack
+  step 40 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --json "$o/latency_qwen3_0.6b_unquantized.json"
+  for tile in default 64/4/2 128/4/2; do
+    NANOCORE_ATTN_DECODE_TILE=$([ $tile = default ] || echo $tile) step 40 $N bench latency $Q06 --max-num-seqs 8 \
+      --max-model-len 1024 --kv-codec k_int8_v_fp8 --json "$o/latency_qwen3_0.6b_k_int8_v_fp8_${tile//\//_}.json"; pack
+  done ;;
+s8d)  # session 8's last call: a 128-token chunk's step time up to 32K context (A decodes through all of B's chunks),
+  # then the KV-bound pair with the 1-warp tile (logs kept)
+  o=/tmp/s8d; mkdir -p $o; pack() { tar -czf "$out/s8d.tgz" -C $o . ; }
+  TAIL=6 step 100 $N bench interference $Q7 --b-prompt-len 32768 --a-output-len 300 --warmup 0 \
+    --modes decode_first_chunk128 --json "$o/interference_chunk128_long.json"; pack
+  for c in k_int8_v_fp8 unquantized; do
+    timeout 200 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json" >$o/kv_bound_$c.log 2>&1
+    echo "exit $?"; tail -3 $o/kv_bound_$c.log; pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \

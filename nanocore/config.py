@@ -43,9 +43,9 @@ class EngineConfig(BaseModel):
     cpu_kv_cache_gib: float = Field(2.0, gt=0, le=1024, description="KV-cache memory on CPU, GiB")
     gpu_memory_utilization: float = Field(0.9, gt=0.0, le=1.0, description="fraction of GPU memory nanocore may use")
     enforce_eager: bool = False
-    cuda_graph_mixed: bool = Field(False, description="also replay steps with prefill chunks (up to 2,048 tokens) "
-                                   "as piecewise CUDA graphs, attention eager between segments (experimental: not "
-                                   "yet measured on a GPU)")
+    cuda_graph_mixed: bool | None = Field(
+        None, description="also replay steps with prefill chunks (up to 512 tokens) as piecewise CUDA graphs, "
+        "attention eager between segments (default: on with one GPU; H200, 7B, 128-token chunks: max ITL 64 -> 23 ms)")
     kernel_warmup: bool = Field(True, description="compile every Triton kernel variant a serving step can select "
                                 "before the engine is ready (CUDA only; off: first-seen batch shapes compile)")
     async_scheduling: bool | None = Field(

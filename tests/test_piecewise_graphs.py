@@ -22,21 +22,24 @@ PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(3 + 29 * i)] for i in rang
 @pytest.mark.parametrize("limit", [16384, 2048, 1000, 64, 5])
 def test_buckets_cover_every_step_size_with_bounded_padding(limit):
     buckets = mixed_buckets(limit)
-    assert buckets == sorted(set(buckets)) and buckets[-1] == min(limit, 2048)
+    assert buckets == sorted(set(buckets)) and buckets[-1] == min(limit, 512)
     for t in range(1, buckets[-1] + 1):
         b = next(b for b in buckets if b >= t)
-        assert t <= b and (t <= 64 or b <= 1.25 * t + 64), (t, b)
+        assert t <= b and (t <= 8 or b <= 1.25 * t + 16), (t, b)
 
 
 def test_graph_reserve_scales_the_profiled_activations():
     model = torch.nn.Linear(2, 2)  # nothing in it blocks graph capture
     on = EngineConfig(model="x", cuda_graph_mixed=True, max_num_batched_tokens=16384)
     outputs = sum(mixed_buckets(16384)) * 10  # every bucket's output rows stay in the pool (10 bytes a row here)
-    assert graph_reserve(EngineConfig(model="x"), model, 16384, 1000, 10) == 0
-    assert graph_reserve(on, model, 16384, 16000, 10) == 2500 + outputs  # largest bucket 2,048 of 16,384, 25% slack
+    assert graph_reserve(EngineConfig(model="x", cuda_graph_mixed=False), model, 16384, 1000, 10) == 0
+    assert graph_reserve(on, model, 16384, 16000, 10) == 625 + outputs  # largest bucket 512 of 16,384, 25% slack
     assert graph_reserve(on.model_copy(update={"enforce_eager": True}), model, 16384, 16000, 10) == 0
     small = on.model_copy(update={"max_num_batched_tokens": 1024})
-    assert graph_reserve(small, model, 1024, 4000, 10) == 5000 + sum(mixed_buckets(1024)) * 10
+    assert graph_reserve(small, model, 1024, 4000, 10) == 2500 + sum(mixed_buckets(1024)) * 10
+    default = EngineConfig(model="x", max_num_batched_tokens=1024)  # on by default with one GPU, off with TP
+    assert graph_reserve(default, model, 1024, 4000, 10) == graph_reserve(small, model, 1024, 4000, 10)
+    assert graph_reserve(default.model_copy(update={"tensor_parallel_size": 2}), model, 1024, 4000, 10) == 0
 
 
 def test_no_reserve_when_the_model_cannot_be_captured():
@@ -115,4 +118,5 @@ def test_cli_flag_reaches_the_config():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     assert engine_overrides(parser.parse_args(["--cuda-graph-mixed"]))["cuda_graph_mixed"] is True
-    assert "cuda_graph_mixed" not in engine_overrides(parser.parse_args([]))
+    assert "cuda_graph_mixed" not in engine_overrides(parser.parse_args([]))  # None: on with one GPU
+    assert engine_overrides(parser.parse_args(["--no-cuda-graph-mixed"]))["cuda_graph_mixed"] is False

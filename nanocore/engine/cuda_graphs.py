@@ -116,7 +116,10 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
 
 def captures_mixed_graphs(config: EngineConfig, model: torch.nn.Module) -> bool:
     """Whether a CUDA engine captures piecewise graphs for steps with prefill chunks (KV sizing reserves their pool)."""
-    return config.cuda_graph_mixed and not config.enforce_eager and graph_blocker(model) is None
+    wanted = config.cuda_graph_mixed
+    if wanted is None:  # default: one GPU only (collectives inside the segments are not yet run on GPUs)
+        wanted = config.tensor_parallel_size == 1 and config.expert_parallel_size == 1
+    return wanted and not config.enforce_eager and graph_blocker(model) is None
 
 
 def graph_blocker(model: torch.nn.Module) -> str | None:
