@@ -59,6 +59,22 @@ def test_one_byte_decode_tile_and_its_split_rule():
     assert ac.choose_num_splits(256, 4096, 64, sms) == 4
 
 
+def test_small_one_byte_decode_batches_take_the_4_warp_tile(monkeypatch):
+    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take SMALL_BATCH_DECODE_TILE; 64 sequences
+    keep the 1-warp tile; the CPU (no SM count) and the tile override keep it too."""
+    from nanocore.kernels import attention_config as ac
+
+    def cfg(num_seqs, sms=132):
+        return ac.batch_choice(1, 128, num_seqs, [1] * num_seqs, [128] * num_seqs, False, 2, 8, 128, 1, False,
+                               sms).config
+    small = cfg(1)
+    assert (small.block_n, small.num_warps, small.num_stages) == ac.SMALL_BATCH_DECODE_TILE
+    assert small.quant_path == "fp16_hwcvt"
+    assert cfg(64).num_warps == 1 and cfg(1, sms=0).num_warps == 1
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/3")
+    assert cfg(1).num_warps == 1
+
+
 def test_chunks_over_a_long_cached_prefix_split_the_kv_range():
     """Issue 19 item 4: a chunk's few q tiles at a long context split like a decode grid (4-warp rule); big
     batches, first chunks and the CPU do not."""

@@ -6,7 +6,7 @@ the names its callers use.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import triton
 
@@ -35,6 +35,10 @@ DECODE_QUANT_PATH = "fp16_hwcvt"
 #: small programs resident and need no cross-warp reductions per tile. Long contexts split the KV range so that
 #: enough warps run (``choose_num_splits``). ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
 NARROW_DECODE_TILE = (32, 1, 3)
+#: The one-token tile when fewer 1-warp programs than SMs would run (unsplit): batch 1 at a 128-token context on
+#: the H200 (Qwen3-0.6B, k_int8_v_fp8, session 8): TPOT 1.674 ms with (32, 1, 3), 1.601 with (64, 4, 2), 1.577 with
+#: (128, 4, 2); bf16 1.492. Few 1-warp programs walk their keys one 32-key tile after another.
+SMALL_BATCH_DECODE_TILE = (128, 4, 2)
 #: "fold"'s own tile for group-scaled K (k_int8_v_fp8), kept for ``NANOCORE_ATTN_QUANT_PATH=fold`` A/B runs.
 GROUP_K_DECODE_TILE = (64, 4, 2)
 #: One-byte tiles of batches with a chunk of 2+ tokens (up to 64 rows): the 4-warp tile and the prefill path, as
@@ -149,6 +153,10 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
     Every per-batch constexpr of the attention kernels comes from here, so the warm-up can enumerate them.
     """
     cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped)
+    if (config is None and cfg.num_warps == 1 and num_seqs * num_kv_heads < sm_count
+            and not os.environ.get("NANOCORE_ATTN_DECODE_TILE")):
+        cfg = replace(cfg, block_n=SMALL_BATCH_DECODE_TILE[0], num_warps=SMALL_BATCH_DECODE_TILE[1],
+                      num_stages=SMALL_BATCH_DECODE_TILE[2])
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
