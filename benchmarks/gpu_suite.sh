@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -286,6 +286,14 @@ s8d)  # session 8's last call: a 128-token chunk's step time up to 32K context (
     timeout 200 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json" >$o/kv_bound_$c.log 2>&1
     echo "exit $?"; tail -3 $o/kv_bound_$c.log; pack
+  done ;;
+cudafull)  # next session first: every attention / engine cuda test at the current commit, one step per file with a
+  # limit that fits its compiles (session 8's runs were cut at 170 / 150 s), logs tarred into OUTDIR/cudafull.tgz
+  o=/tmp/cudafull; mkdir -p $o; pack() { tar -czf "$out/cudafull.tgz" -C $o . ; }
+  for f in tests/test_gpu_engine.py tests/test_attention_fresh_kv.py tests/test_kernels_attention_cuda.py \
+      tests/test_kernels_attention.py tests/test_kernel_warmup_gpu.py; do
+    timeout 240 python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
+    echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
