@@ -9,7 +9,7 @@ import torch
 pytest.importorskip("triton")
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
-from attention_cases import QUANT_LAYOUTS, check, make_case  # noqa: E402
+from attention_cases import CUDA_SCALED_LAYOUTS, QUANT_LAYOUTS, check, make_case  # noqa: E402
 from nanocore.interfaces import KVLayout  # noqa: E402
 from nanocore.kernels.paged_attention import AttentionConfig, paged_attention  # noqa: E402
 from nanocore.layers.attention import AttentionMetadata, paged_attention_reference  # noqa: E402
@@ -42,12 +42,7 @@ def test_cuda_long_decode(block_size, splits):
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("layout", [
-    KVLayout(torch.int8, torch.int8, "token_head", "token_head"),
-    KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn, "token_head", "token_head"),
-    KVLayout(torch.int8, torch.int8, "group", "token_head", group_size=32),
-    KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn),
-])
+@pytest.mark.parametrize("layout", CUDA_SCALED_LAYOUTS + [KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn)])
 @pytest.mark.parametrize("specs", [[(1, 3000), (1, 70), (1, 1)], [(200, 700), (1, 40), (64, 64)]])
 def test_cuda_quantized_layouts(layout, specs):
     q, cache, meta = make_case(specs, 16, 8, 128, 16, torch.bfloat16, layout=layout)

@@ -1,10 +1,15 @@
 """Fused KV store kernel against its torch twin (interpreter on CPU, compiled on CUDA)."""
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from attention_cases import CUDA_SCALED_LAYOUTS  # noqa: E402
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec  # noqa: E402
 from nanocore.interfaces import KVCache, KVLayout  # noqa: E402
 from nanocore.kernels.kv_store import quantize_reference, store_kv, store_kv_reference  # noqa: E402
@@ -84,11 +89,7 @@ def test_cuda_unquantized_store(dtype, block_size, head_dim):
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("layout", [
-    KVLayout(torch.int8, torch.int8, "token_head", "token_head"),
-    KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn, "token_head", "token_head"),
-    KVLayout(torch.int8, torch.int8, "group", "token_head", group_size=32),
-])
+@pytest.mark.parametrize("layout", CUDA_SCALED_LAYOUTS)
 def test_cuda_quantized_store(layout):
     cache, twin = run_both(layout, torch.bfloat16, num_kv_heads=8, head_dim=128, num_tokens=300)
     for a, b in ((cache.k, twin.k), (cache.v, twin.v)):
