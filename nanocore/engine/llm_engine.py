@@ -18,6 +18,7 @@ from nanocore.engine.outputs import EngineStats, Logprob, RequestOutput, logprob
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence
+from nanocore.engine.stop_checks import check_finish
 from nanocore.plugins import get_registry
 
 logger = logging.getLogger("nanocore")
@@ -231,7 +232,7 @@ class LLMEngine:
                 seq.output_logprobs.append(logprobs[i])
             request = requests[seq.request_id]
             try:
-                done = self._check_finish(seq, request.detokenizers[seq.index])
+                done = check_finish(seq, request.detokenizers[seq.index], self.eos_token_ids, self.max_model_len)
             except Exception as exc:  # one request's detokenizer must not take the step down
                 logger.exception("request %s: the stop check failed; finishing it with reason 'error'", seq.request_id)
                 seq.finish_reason, seq.stop_reason, done = "error", f"{type(exc).__name__}: {exc}", True
@@ -250,31 +251,6 @@ class LLMEngine:
         s.num_finished_requests += num_finished
         s.num_preemptions = self.scheduler.num_preemptions
         s.num_cached_tokens = self.scheduler.num_cached_tokens
-
-    def _check_finish(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None) -> bool:
-        """Stop checks after a new token: EOS / stop ids (not in the text), stop strings, length."""
-        params, token_id = seq.sampling_params, seq.token_ids[-1]
-        num_output_tokens = seq.num_tokens - seq.num_prompt_tokens
-        # most tokens are neither EOS nor a stop id and have no text to check: only the length test remains
-        if detokenizer is not None or token_id in params.stop_token_ids or (
-                not params.ignore_eos and token_id in self.eos_token_ids):
-            self._check_stop(seq, detokenizer, token_id, num_output_tokens >= params.min_tokens)
-        if seq.finish_reason is None and seq.reaches_length(seq.num_tokens, self.max_model_len):
-            seq.finish_reason = "length"
-        return seq.finish_reason is not None
-
-    def _check_stop(self, seq: Sequence, detokenizer: IncrementalDetokenizer | None, token_id: int,
-                    past_min: bool) -> None:
-        params = seq.sampling_params
-        if past_min and not params.ignore_eos and token_id in self.eos_token_ids:
-            seq.finish_reason = "stop"
-        elif past_min and token_id in params.stop_token_ids:
-            seq.finish_reason, seq.stop_reason = "stop", token_id
-        elif detokenizer is not None:
-            new_text = detokenizer.add_tokens([token_id])
-            stop = detokenizer.check_stop(len(new_text)) if past_min else None
-            if stop is not None:
-                seq.finish_reason, seq.stop_reason = "stop", stop
 
     # ---- outputs -------------------------------------------------------------------------
     def request_output(self, request: Request) -> RequestOutput:
