@@ -39,7 +39,8 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--gpu-memory-utilization", type=float, help="fraction of GPU memory to use")
     g.add_argument("--enforce-eager", action="store_true", default=None, help="no CUDA graphs")
     g.add_argument("--cuda-graph-mixed", action=argparse.BooleanOptionalAction, default=None,
-                   help="piecewise CUDA graphs for steps with prefill chunks (experimental, default off)")
+                   help="piecewise CUDA graphs for steps with prefill chunks of up to 512 tokens (default: on with one "
+                   "GPU, off with tensor / expert parallelism)")
     g.add_argument("--kernel-warmup", action=argparse.BooleanOptionalAction, default=None,
                    help="compile every Triton kernel variant serving can select before ready (default on, CUDA)")
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=None,
