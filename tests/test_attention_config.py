@@ -60,7 +60,7 @@ def test_one_byte_decode_tile_and_its_split_rule():
 
 
 def test_small_one_byte_decode_batches_take_the_4_warp_tile(monkeypatch):
-    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take SMALL_BATCH_DECODE_TILE; 64 sequences
+    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take WIDE_NARROW_TILE; 64 sequences
     keep the 1-warp tile; the CPU (no SM count) and the tile override keep it too."""
     from nanocore.kernels import attention_config as ac
 
@@ -68,7 +68,7 @@ def test_small_one_byte_decode_batches_take_the_4_warp_tile(monkeypatch):
         return ac.batch_choice(1, 128, num_seqs, [1] * num_seqs, [128] * num_seqs, False, 2, 8, 128, 1, False,
                                sms).config
     small = cfg(1)
-    assert (small.block_n, small.num_warps, small.num_stages) == ac.SMALL_BATCH_DECODE_TILE
+    assert (small.block_n, small.num_warps, small.num_stages) == ac.WIDE_NARROW_TILE
     assert small.quant_path == "fp16_hwcvt"
     assert cfg(64).num_warps == 1 and cfg(1, sms=0).num_warps == 1
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/3")

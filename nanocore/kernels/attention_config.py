@@ -6,7 +6,7 @@ the names its callers use.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import triton
 
@@ -35,15 +35,16 @@ DECODE_QUANT_PATH = "fp16_hwcvt"
 #: small programs resident and need no cross-warp reductions per tile. Long contexts split the KV range so that
 #: enough warps run (``choose_num_splits``). ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
 NARROW_DECODE_TILE = (32, 1, 3)
-#: The one-token tile when fewer 1-warp programs than SMs would run (unsplit): batch 1 at a 128-token context on
-#: the H200 (Qwen3-0.6B, k_int8_v_fp8, session 8): TPOT 1.674 ms with (32, 1, 3), 1.601 with (64, 4, 2), 1.577 with
-#: (128, 4, 2); bf16 1.492. Few 1-warp programs walk their keys one 32-key tile after another.
-SMALL_BATCH_DECODE_TILE = (128, 4, 2)
-#: "fold"'s own tile for group-scaled K (k_int8_v_fp8), kept for ``NANOCORE_ATTN_QUANT_PATH=fold`` A/B runs.
+#: "fold"'s tile for group-scaled K (k_int8_v_fp8): the default of its decode-shaped batches with a chunk of 2+
+#: tokens, and of every decode tile under ``NANOCORE_ATTN_QUANT_PATH=fold``.
 GROUP_K_DECODE_TILE = (64, 4, 2)
-#: One-byte tiles of batches with a chunk of 2+ tokens (up to 64 rows): the 4-warp tile and the prefill path, as
-#: before session 7 (H200, "fold": int8 / fp8 128/4/2, group K 64/4/2). One warp would hold a 64-row accumulator
-#: (sm_90 compile: 3.5 KB of stack, 15 s per variant), and only the one-token decode tile was measured on the GPU.
+#: The 4-warp one-byte tile (the default before session 7), for two kinds of decode-shaped batch:
+#: - with a chunk of 2+ tokens (up to 64 rows; H200, "fold": int8 / fp8 128/4/2): one warp would hold a 64-row
+#:   accumulator (sm_90 compile: 3.5 KB of stack, 15 s per variant);
+#: - pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting): batch 1 at a 128-token
+#:   context on the H200 (Qwen3-0.6B, k_int8_v_fp8, session 8): TPOT 1.674 ms with (32, 1, 3), 1.601 with
+#:   (64, 4, 2), 1.577 with (128, 4, 2); bf16 1.492. A few 1-warp programs walk their keys one 32-key tile after
+#:   another. Not timed at long contexts (1 x 16K).
 WIDE_NARROW_TILE = (128, 4, 2)
 
 
@@ -73,9 +74,11 @@ def decode_quant_path() -> str:
     return default_quant_path() if os.environ.get("NANOCORE_ATTN_QUANT_PATH") else DECODE_QUANT_PATH
 
 
-def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True) -> tuple[int, int, int]:
-    """Tile of a one-byte cache's decode-shaped batch; ``NANOCORE_ATTN_DECODE_TILE`` replaces the one-token tile
-    only (a 1-warp override must not reach the 2+-token tiles: 64-row 1-warp variants compile for 15 s each)."""
+def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True,
+                        few_programs: bool = False) -> tuple[int, int, int]:
+    """Tile of a one-byte cache's decode-shaped batch (``few_programs``: fewer sequences x KV heads than SMs);
+    ``NANOCORE_ATTN_DECODE_TILE`` replaces the one-token tile only (a 1-warp override must not reach the 2+-token
+    tiles: 64-row 1-warp variants compile for 15 s each)."""
     env = os.environ.get("NANOCORE_ATTN_DECODE_TILE") if one_token else None
     if env:
         try:
@@ -86,11 +89,11 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True
         return block_n, warps, stages
     if k_grouped and not quant_path.startswith("fp16"):
         return GROUP_K_DECODE_TILE
-    return NARROW_DECODE_TILE if one_token else WIDE_NARROW_TILE
+    return NARROW_DECODE_TILE if one_token and not few_programs else WIDE_NARROW_TILE
 
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
-                   k_grouped: bool = False) -> AttentionConfig:
+                   k_grouped: bool = False, few_programs: bool = False) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles. A one-byte
     cache's decode-shaped tiles carry their path (``decode_quant_path`` for one token, else ``default_quant_path``);
     prefill tiles leave it None (``default_quant_path`` at launch)."""
@@ -98,8 +101,8 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
     if rows <= 64 and kv_itemsize == 1:
         one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
         path = decode_quant_path() if one_token else default_quant_path()
-        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *_narrow_decode_tile(path, k_grouped, one_token),
-                               quant_path=path)
+        tile = _narrow_decode_tile(path, k_grouped, one_token, few_programs)
+        return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile, quant_path=path)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
@@ -152,11 +155,8 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
 
     Every per-batch constexpr of the attention kernels comes from here, so the warm-up can enumerate them.
     """
-    cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped)
-    if (config is None and cfg.num_warps == 1 and num_seqs * num_kv_heads < sm_count
-            and not os.environ.get("NANOCORE_ATTN_DECODE_TILE")):
-        cfg = replace(cfg, block_n=SMALL_BATCH_DECODE_TILE[0], num_warps=SMALL_BATCH_DECODE_TILE[1],
-                      num_stages=SMALL_BATCH_DECODE_TILE[2])
+    cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped,
+                                   few_programs=num_seqs * num_kv_heads < sm_count)
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")

@@ -66,13 +66,11 @@ def _fp8_to_f16_bits(x):
 @triton.jit
 def narrow_to_f16(x, IS_INT8: tl.constexpr, CVT: tl.constexpr):
     """One-byte tile -> fp16. ``CVT`` 1 returns fp8 values divided by ``FP8_BITS_UNIT`` (callers fold it)."""
-    if CVT == 0:
-        y = x.to(tl.float16)
-    elif IS_INT8:
+    if CVT != 0 and IS_INT8:
         y = _int8_to_f16_bits(x)
     elif CVT == 1:
         y = _fp8_to_f16_bits(x.to(tl.int8, bitcast=True))
-    else:
+    else:  # CVT 0, and fp8 with CVT 2: the hardware conversion
         y = x.to(tl.float16)
     return y
 
