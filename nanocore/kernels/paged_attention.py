@@ -12,9 +12,9 @@ import torch
 import triton
 
 from nanocore.interfaces import KVCache, KVLayout
-from nanocore.kernels.attention_config import (DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE,  # noqa: F401
-                                              QUANT_PATHS, AttentionConfig, batch_choice, choose_num_splits,
-                                              default_config, default_quant_path)
+from nanocore.kernels.attention_config import (  # noqa: F401  (re-exported for tests and benchmarks)
+    DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE, QUANT_PATHS, AttentionConfig, batch_choice,
+    default_config, default_quant_path)
 from nanocore.kernels.device import sm_count
 from nanocore.kernels.kv_store import SCALE_CODES  # scale granularity -> constexpr code, one table for both kernels
 from nanocore.kernels.narrow_attention import narrow_constexprs
@@ -90,20 +90,24 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_seqs = meta.seq_lens.shape[0]
     shape = (fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
              codes[0] == SCALE_CODES["group"], sm_count(q.device) if q.is_cuda else 0, config)
-    choice = meta.launch_choices.get(shape)  # every layer of a step shares it: computed once per step
-    if choice is None:
-        choice = meta.launch_choices[shape] = batch_choice(
-            meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu, meta.seq_lens_cpu, *shape)
-    cfg, cached, splits = choice.config, choice.cached, choice.splits
-    path = cfg.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own path
-    # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
-    narrow = narrow_constexprs(path if cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
+    # every layer of a step shares its launch plan (choice and the constexprs of its path): computed once per step
+    key = (shape, q.dtype, q.device, k.dtype, v.dtype, codes, groups[0], ks.dtype, ks.stride(), vs.dtype, vs.stride())
+    plan = meta.launch_choices.get(key)
+    if plan is None:
+        choice = batch_choice(meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu,
+                              meta.seq_lens_cpu, *shape)
+        path = choice.config.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own
+        # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
+        narrow = narrow_constexprs(path if choice.cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
+        flags = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
+        plan = meta.launch_choices[key] = (choice, narrow, flags)
+    choice, narrow, (fold, k_split) = plan
+    cfg, splits = choice.config, choice.splits
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
     k = k.view(torch.int32) if narrow["WORDS"] == 2 else k
     scale_strides = (ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1))
     ks = ks.reshape(-1).view(torch.int32) if narrow["KS_HALVES"] else ks
     vs = vs.reshape(-1).view(torch.int32) if narrow["VS_HALVES"] else vs
-    fold, k_split = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
     block_q = cfg.block_m // group
     num_q_tiles = triton.cdiv(max(meta.max_query_len, 1), block_q)
     head_dim_pad = triton.next_power_of_2(head_dim)
@@ -122,7 +126,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
         stride_bt, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m,
         BLOCK_Q=block_q, BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, FRESH=fresh,
-        CACHED=cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1], SPLIT=splits > 1,
+        CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
+        SPLIT=splits > 1,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
