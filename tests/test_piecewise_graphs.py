@@ -77,7 +77,7 @@ def test_segmented_steps_equal_the_plain_engine(checkpoint):
     plain = _greedy(_llm(checkpoint))
     llm = _llm(checkpoint)
     runner = llm.engine.runner
-    graphs = PiecewiseGraphs(runner.model, runner.kv_caches, runner.codec, 64, torch.device("cpu"), torch.float32,
+    graphs = PiecewiseGraphs(runner.model, 64, torch.device("cpu"), torch.float32,
                              capture=False)
     sizes = []
 
@@ -101,7 +101,7 @@ def test_segmented_steps_equal_the_plain_engine(checkpoint):
 def test_which_steps_may_replay(checkpoint):
     from nanocore.layers.attention import AttentionMetadata
     runner = _llm(checkpoint).engine.runner
-    graphs = PiecewiseGraphs(runner.model, runner.kv_caches, runner.codec, 64, torch.device("cpu"), torch.float32,
+    graphs = PiecewiseGraphs(runner.model, 64, torch.device("cpu"), torch.float32,
                              capture=False)
     chunk = AttentionMetadata.for_prefill([40, 3])
     assert graphs.can_run(chunk, 43)

@@ -105,8 +105,8 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
     from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
     limit = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
     try:
-        return decode, PiecewiseGraphs(model, kv_caches, codec, limit, device, dtype)
-    except Exception as exc:  # experimental: a capture that fails leaves the engine on eager chunked steps
+        return decode, PiecewiseGraphs(model, limit, device, dtype)
+    except Exception as exc:  # a capture that fails leaves the engine on eager chunked steps
         logger.warning("piecewise CUDA graphs disabled, steps with prefill chunks run eagerly: capture failed "
                        "(%s: %s)", type(exc).__name__, exc)
         torch.cuda.synchronize(device)

@@ -52,6 +52,12 @@ class SegmentBuffers:
     def _rows(buf: torch.Tensor, n: int, heads: int, head_dim: int) -> torch.Tensor:
         return buf[:n * heads * head_dim].view(n, heads, head_dim)
 
+    def views(self, layer: Attention, n: int) -> tuple[torch.Tensor, ...]:
+        """``[n, heads, head_dim]`` views of q, k, v and out for ``layer``'s widths."""
+        h, kvh, d = layer.num_heads, layer.num_kv_heads, layer.head_dim
+        return (self._rows(self.q, n, h, d), self._rows(self.k, n, kvh, d), self._rows(self.v, n, kvh, d),
+                self._rows(self.out, n, h, d))
+
     def stash(self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Copy a layer's q/k/v (``[Tb, heads, head_dim]``) in; returns the output rows the next segment reads."""
         n = q.shape[0]
@@ -59,22 +65,19 @@ class SegmentBuffers:
             self._rows(buf, n, x.shape[1], x.shape[2]).copy_(x)
         return self._rows(self.out, n, layer.num_heads, layer.head_dim).view(n, -1)
 
-    def attend(self, layer: Attention, num_tokens: int, meta: AttentionMetadata) -> None:
-        """The layer's KV store and attention for the step's first ``num_tokens`` rows, into ``out``."""
-        h, kvh, d, n = layer.num_heads, layer.num_kv_heads, layer.head_dim, num_tokens
-        out = layer.attend(self._rows(self.q, n, h, d), self._rows(self.k, n, kvh, d), self._rows(self.v, n, kvh, d),
-                           meta)
-        self._rows(self.out, n, h, d).copy_(out)
+    def attend(self, layer: Attention, views: tuple[torch.Tensor, ...], meta: AttentionMetadata) -> None:
+        """The layer's KV store and attention for the step's rows (``views(layer, n)``), into ``out``."""
+        q, k, v, out = views
+        out.copy_(layer.attend(q, k, v, meta))
 
 
 class PiecewiseGraphs:
     """Per-bucket segment graphs of the model's forward (see the module docstring)."""
 
-    def __init__(self, model, kv_caches, codec, max_step_tokens: int, device: torch.device, dtype: torch.dtype,
-                 capture: bool = True):
-        """``max_step_tokens``: the most tokens a step can hold (``step_token_limit``)."""
+    def __init__(self, model, max_step_tokens: int, device: torch.device, dtype: torch.dtype, capture: bool = True):
+        """``max_step_tokens``: the most tokens a step can hold (``step_token_limit``). The cache is not needed
+        here: the captured segments never reach attention, which runs on each step's own metadata."""
         self.model = model
-        self.kv_caches, self.codec = kv_caches, codec
         self.buckets = mixed_buckets(max_step_tokens)
         top = self.buckets[-1]
         self.buffers = SegmentBuffers([m for m in model.modules() if isinstance(m, Attention)], top, dtype, device)
@@ -91,8 +94,7 @@ class PiecewiseGraphs:
 
     def can_run(self, meta: AttentionMetadata, num_tokens: int) -> bool:
         """Steps with a chunk of 2+ tokens within the buckets; never the eval path (``kv_from_cache``)."""
-        return (not meta.is_decode_only and num_tokens <= self.buckets[-1] and not meta.kv_from_cache
-                and meta.segment_break is None)
+        return not meta.is_decode_only and num_tokens <= self.buckets[-1] and not meta.kv_from_cache
 
     def _load_inputs(self, input_ids: torch.Tensor, positions: torch.Tensor) -> tuple[int, int]:
         n = input_ids.shape[0]
@@ -103,12 +105,10 @@ class PiecewiseGraphs:
         self.positions[n:bs].zero_()
         return n, bs
 
-    def _capture_meta(self, bs: int, device: torch.device) -> AttentionMetadata:
-        """Metadata the segments see while captured: one chunk of ``bs`` tokens, nothing stored (attention is cut
-        out, so only its shape-independent fields matter)."""
-        meta = AttentionMetadata.for_prefill([bs], device)
-        meta.kv_caches, meta.codec = self.kv_caches, self.codec
-        return meta
+    @staticmethod
+    def _capture_meta(bs: int, device: torch.device) -> AttentionMetadata:
+        """Metadata the segments see: one chunk of ``bs`` tokens and no cache (attention is cut out)."""
+        return AttentionMetadata.for_prefill([bs], device)
 
     @torch.inference_mode()
     def _capture_all(self, device: torch.device) -> None:
@@ -150,10 +150,15 @@ class PiecewiseGraphs:
         """Hidden states ``[T, H]`` of a step with prefill chunks: segment replays, eager attention between."""
         n, bs = self._load_inputs(input_ids, positions)
         segments, layers = self.segments[bs], self.layers[bs]
+        views = {}  # per attention width (one for every model today): built once per step, not per layer
         for i, graph in enumerate(segments):
             graph.replay()
             if i < len(layers):
-                self.buffers.attend(layers[i], n, meta)
+                layer = layers[i]
+                key = (layer.num_heads, layer.num_kv_heads, layer.head_dim)
+                if key not in views:
+                    views[key] = self.buffers.views(layer, n)
+                self.buffers.attend(layer, views[key], meta)
         return self.outputs[bs][:n]
 
     def segmented_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -165,7 +170,7 @@ class PiecewiseGraphs:
         def cut(layer, q, k, v):
             out = self.buffers.stash(layer, q, k, v)
             if meta is not None:
-                self.buffers.attend(layer, n, meta)
+                self.buffers.attend(layer, self.buffers.views(layer, n), meta)
             return out
 
         seg_meta = self._capture_meta(bs, input_ids.device)
