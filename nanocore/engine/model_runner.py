@@ -289,6 +289,6 @@ class ModelRunner:
         through the codec), so a perplexity measures the codec; False scores them as a prefill runs.
         """
         inputs = self.prepare([seq], [seq.num_tokens - seq.num_computed_tokens], all_logits=True)
-        meta = dataclasses.replace(inputs.meta, kv_from_cache=kv_from_cache)
+        meta = dataclasses.replace(inputs.meta, kv_from_cache=kv_from_cache, launch_choices={})  # a fresh memo
         hidden = self.model.forward(inputs.input_ids, inputs.positions, meta)
         return self.model.compute_logits(hidden)
