@@ -13,6 +13,7 @@ import torch
 
 from benchmarks import attention_quant_tune as aqt
 from nanocore.kernels import paged_attention as pa
+from nanocore.kernels.attention_config import _narrow_decode_tile
 
 
 def main(argv=None) -> int:
@@ -30,8 +31,7 @@ def main(argv=None) -> int:
     q, cache, meta = aqt.make_case(codec, [(1, args.ctx)] * args.seqs)
     cfg = None
     if args.path:
-        tile = pa.GROUP_K_DECODE_TILE if args.layout == "k_int8_v_fp8" and args.path.startswith("fold") \
-            else pa.NARROW_DECODE_TILE
+        tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")  # the engine's one-token tile
         cfg = pa.AttentionConfig(16, *tile, quant_path=args.path)
     if args.time:
         from triton.testing import do_bench
