@@ -45,6 +45,7 @@ def variants(which: str = "one_warp") -> list[tuple]:
 def _setup(heads: str):
     from benchmarks import attention_quant_tune as aqt
     aqt.HEADS, aqt.KV_HEADS = HEADS[heads]
+    aqt.SHAPES = SHAPES  # aqt.decode_cases / time_decode build and time these
     return aqt
 
 
@@ -53,19 +54,15 @@ def _config(path, tile, splits):
     return None if tile is None else pa.AttentionConfig(16, *tile, splits, path)
 
 
-def _cases(aqt, codec):
-    return {shape: aqt.make_case(codec, [(1, ctx)] * n) for shape, (n, ctx) in SHAPES.items()}
-
-
 def compile_group(args) -> str:
     """Worker: run every variant of one (heads, layout) once per shape, so its kernels are compiled to disk."""
     heads, layout, group = args
     aqt = _setup(heads)
     codec = aqt.codecs()[layout]
-    cases = _cases(aqt, codec)
+    cases = aqt.decode_cases(codec)
     errors = 0
     for _, _, path, tile, splits in group:
-        for q, cache, meta in cases.values():
+        for q, cache, meta, _ in cases.values():
             try:
                 aqt.run(q, cache, meta, codec, _config(path, tile, splits))
             except Exception:  # the timing process records the error
@@ -75,18 +72,15 @@ def compile_group(args) -> str:
 
 def time_group(heads: str, layout: str, group: list, rows: list) -> None:
     import torch
-    from triton.testing import do_bench
     aqt = _setup(heads)
     codec = aqt.codecs()[layout]
-    cases = _cases(aqt, codec)
+    cases = aqt.decode_cases(codec)
     for _, _, path, tile, splits in group:
         cfg = _config(path, tile, splits)
         row = {"heads": heads, "layout": layout, "path": path, "tile": tile, "splits": splits}
         try:
             row["rel_err"] = aqt.rel_err(codec, aqt.DECODE_CHECK, cfg, 1)
-            for shape, (q, cache, meta) in cases.items():
-                row[shape] = 1e3 * do_bench(lambda: aqt.run(q, cache, meta, codec, cfg), warmup=10, rep=40,
-                                            return_mode="median")
+            row.update({shape: 1e3 * t["ms"] for shape, t in aqt.time_decode(codec, None, cfg, cases).items()})
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
