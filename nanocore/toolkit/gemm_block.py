@@ -31,7 +31,7 @@ from nanocore.toolkit.gemm import (
     split_k_for,
     splitk_workspace,
 )
-from nanocore.toolkit.numerics import expand_block_scales
+from nanocore.toolkit.numerics import expand_block_rows, expand_block_scales  # noqa: F401  (public here too)
 
 try:
     import triton
@@ -61,14 +61,6 @@ def check_block_scales(weight: torch.Tensor, scale: torch.Tensor, block: tuple[i
     if kernel and block[1] % MIN_BLOCK_K:
         raise ValueError(f"block columns {block[1]} are no multiple of {MIN_BLOCK_K}, which the block-scaled GEMM "
                          f"needs; re-quantize with block_structure [128, 128]")
-
-
-def expand_block_rows(scale: torch.Tensor, rows: int, block_rows: int) -> torch.Tensor:
-    """``[ceil(rows / block_rows), C]`` tile scales -> ``[rows, C]``: one scale row per weight row."""
-    if scale.shape[0] != -(-rows // block_rows):
-        raise ValueError(f"{scale.shape[0]} rows of block scales do not cover {rows} weight rows in tiles of "
-                         f"{block_rows}; was the checkpoint quantized with another block_structure?")
-    return scale.repeat_interleave(block_rows, dim=0)[:rows]
 
 
 def dequantize_blocks(weight: torch.Tensor, scale: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:

@@ -37,10 +37,18 @@ def quantize_fp8_per_row(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_fp8(x, scale), scale
 
 
+def expand_block_rows(scale: torch.Tensor, rows: int, block_rows: int) -> torch.Tensor:
+    """``[ceil(rows / block_rows), C]`` tile scales -> ``[rows, C]``: one scale row per weight row."""
+    if scale.shape[0] != -(-rows // block_rows):
+        raise ValueError(f"{scale.shape[0]} rows of block scales do not cover {rows} weight rows in tiles of "
+                         f"{block_rows}; was the checkpoint quantized with another block_structure?")
+    return scale.repeat_interleave(block_rows, dim=0)[:rows]
+
+
 def expand_block_scales(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:
     """float32 ``[N, K]``: each tile's scale repeated over its ``block = (rows, cols)`` tile (partial at the edges)."""
     (n, k), (rows, cols) = shape, block
-    return scale.float().repeat_interleave(rows, dim=0)[:n].repeat_interleave(cols, dim=1)[:, :k]
+    return expand_block_rows(scale.float(), n, rows).repeat_interleave(cols, dim=1)[:, :k]
 
 
 def quantize_fp8_blocks(w: torch.Tensor, block: tuple[int, int] = (128, 128)) -> tuple[torch.Tensor, torch.Tensor]:

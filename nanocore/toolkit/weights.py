@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from nanocore.toolkit.checkpoint import CheckpointFormatError, add_param, check_all_loaded, check_dtype, mark_loaded
+from nanocore.toolkit.numerics import expand_block_rows
 
 _SHARD_INDEX = {"q": 0, "k": 1, "v": 2}
 
@@ -146,7 +147,6 @@ class BlockScaledWeights:
 
     def _row_loader(self, layer: torch.nn.Module, loader):
         """Tile rows -> one scale row per weight row of the loaded tensor, then the layer's own placement."""
-        from nanocore.toolkit.gemm_block import expand_block_rows
 
         def load(param, loaded, *args, **kwargs):
             shard_id = _shard_id_of(args, kwargs)
