@@ -22,7 +22,6 @@ def max_scale_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs)
     param.data.copy_(torch.maximum(param.data, loaded.float().reshape(-1)[:1]))
 
 
-
 def _shard_id_of(args: tuple, kwargs: dict):
     """The shard id a weight loader was called with (positional, ``shard_id`` or ``loaded_shard_id``)."""
     return args[0] if args else kwargs.get("shard_id", kwargs.get("loaded_shard_id"))
@@ -35,6 +34,7 @@ def _layer_shard_index(layer: torch.nn.Module, shard_id) -> int | None:
     if hasattr(layer, "_shard_index"):  # the parallel linears: their own ids ("q", 0, ...) and checks
         return layer._shard_index(shard_id)
     return _SHARD_INDEX.get(shard_id, shard_id)
+
 
 class ChannelScaledWeights:
     """Creates and finishes a layer's ``weight`` / ``weight_scale`` (/ ``input_scale``) for one method."""
