@@ -116,8 +116,9 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 1,024 and
     more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6 programs per SM, else 16 per SM
     rounded down to a power of two, each split 256+ keys (a batch of one at 16K gets 64 splits: few programs must
-    split far to fill the GPU). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K).
-    """
+    split far to fill the GPU; fewer programs than SMs take the 4-warp tile by default since session 8, so that
+    case is reached with ``NANOCORE_ATTN_DECODE_TILE`` only). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us
+    at GQA 7, 64 x 4K)."""
     tiles = triton.cdiv(max_seq_len, block_n)
     if num_warps == 1:
         if programs >= 6 * sm_count:
@@ -166,7 +167,7 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
     if not cfg.num_splits and sm_count and (num_q_tiles == 1 or cached):
         # decode-shaped grids, and chunks over a cached prefix: a 128-token chunk at 32K context is 60 programs
         # of up to 32K keys each on Qwen2.5-7B (H200, eager: 6.5% MFU at a 15K prefix); first chunks never split
-        q_tiles = num_seqs
+        q_tiles = num_seqs  # decode grids: one program per row, padded rows of a graph bucket included
         if num_q_tiles > 1:
             q_tiles = sum(triton.cdiv(n, block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
         splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
