@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
 from nanocore.layers.attention import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -102,7 +103,6 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
     decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device)
     if not captures_mixed_graphs(config, model):
         return decode, None
-    from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
     limit = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
     try:
         return decode, PiecewiseGraphs(model, limit, device, dtype)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.engine.cuda_graphs import captures_mixed_graphs
 from nanocore.engine.piecewise_graphs import mixed_buckets, step_token_limit
 from nanocore.interfaces import KVCodec
 from nanocore.layers.attention import AttentionMetadata
@@ -25,7 +26,6 @@ def graph_reserve(config: EngineConfig, model, profiled_tokens: int, activation_
     """Bytes kept for the piecewise graphs' memory pool (none when they will not be captured), which lives beside
     the eager steps' activations: the profiled activations scaled to the largest bucket plus 25% (MoE padding and
     side-stream blocks do not scale down linearly), and every bucket's output rows (``row_bytes`` each)."""
-    from nanocore.engine.cuda_graphs import captures_mixed_graphs
     if not captures_mixed_graphs(config, model):
         return 0
     buckets = mixed_buckets(profiled_tokens)  # the profile ran the most tokens a step can hold
