@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -293,6 +293,13 @@ cudafull)  # next session first: every attention / engine cuda test at the curre
   for f in tests/test_gpu_engine.py tests/test_attention_fresh_kv.py tests/test_kernels_attention_cuda.py \
       tests/test_kernels_attention.py tests/test_kernel_warmup_gpu.py; do
     timeout 240 python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
+    echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
+  done ;;
+s9a)  # session 9 first call: the session-8 mends (piecewise views per step, launch-plan memo) on the GPU: engine,
+  # fresh-K/V chunk and attention-kernel cuda tests, one step per file, logs tarred into OUTDIR/s9a.tgz (<= 560 s)
+  o=/tmp/s9a; mkdir -p $o; pack() { tar -czf "$out/s9a.tgz" -C $o . ; }
+  for spec in tests/test_gpu_engine.py:200 tests/test_attention_fresh_kv.py:130 tests/test_kernels_attention_cuda.py:210; do
+    f=${spec%:*}; timeout ${spec#*:} python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
     echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
