@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -301,6 +301,19 @@ s9a)  # session 9 first call: the session-8 mends (piecewise views per step, lau
   for spec in tests/test_gpu_engine.py:200 tests/test_attention_fresh_kv.py:130 tests/test_kernels_attention_cuda.py:210; do
     f=${spec%:*}; timeout ${spec#*:} python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
     echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
+  done ;;
+s9b)  # session 9, issue 16: the AWQ CUDA GEMV and the int8 byte-permute GEMV: cuda tests, plan sweep, bench linear,
+  # 7B batch-1 latency bf16 / awq (<= 500 s; logs and JSON tarred into OUTDIR/s9b.tgz)
+  o=/tmp/s9b; mkdir -p $o; pack() { tar -czf "$out/s9b.tgz" -C $o . ; }
+  timeout 150 python3 -m pytest -q -m cuda -rf --tb=short plugins_quant/awq/tests tests/test_quant_gemm.py >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -3 $o/tests.log; pack
+  timeout 110 python3 plugins_quant/awq_gemv_tune_gpu.py $o >$o/tune.log 2>&1; echo "tune exit $?"; tail -5 $o/tune.log; pack
+  timeout 80 $N bench linear --device cuda --methods unquantized,fp8_w8a16,int8_w8a16,awq --ms 1,4,16 \
+    --json $o/bench_linear_s9b.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -16 $o/bench_linear.log; pack
+  for m in unquantized awq; do
+    timeout 70 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
+      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -3 $o/latency_$m.log
+    pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \

@@ -6,11 +6,16 @@ as the checkpoint stores it: no repacking), widens them to fp32 and multiply-add
 accumulator that is reduced across threads once, after the K loop (``REDUCE_LATE``), or each tile.
 
 int8 widens with the exponent trick: ``(b ^ 0x80) | 0x4B000000`` is the float ``2^23 + b + 128`` (one LOP3 and an
-add, no int-to-float conversion, which runs at a quarter of the FMA rate). K slices are summed by
+add, no int-to-float conversion, which runs at a quarter of the FMA rate). On a GPU it takes one byte permute
+(``prmt``) per weight instead: byte ``b ^ 0x80`` placed in mantissa bits 8-15 of 1.0f is ``1 + (b + 128) * 2^-15``,
+four weights per XOR, no add; the program sums ``x`` alongside and removes the offset once at the end
+(``(acc - sum x) * 2^15 - 128 * sum x``; the offset costs about 8 of fp32's 24 bits, far below bf16 rounding). K slices are summed by
 :func:`nanocore.toolkit.gemm.splitk_finish` (the last slice to arrive adds the others' fp32 partials).
 Torch reference: :func:`nanocore.toolkit.gemm.weight_only_linear_torch`.
 """
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -23,8 +28,9 @@ except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
 #: Weight encodings: int8 via the exponent trick, fp8 converted natively, fp8 bits widened with integer ops,
-#: int8 through the plain int-to-float conversion (kept to compare in the tuning sweep).
-W_INT8, W_FP8, W_FP8_BITS, W_INT8_CVT = 0, 1, 2, 3
+#: int8 through the plain int-to-float conversion (kept to compare in the tuning sweep), int8 as offset floats by
+#: byte permutes (GPU only: inline PTX).
+W_INT8, W_FP8, W_FP8_BITS, W_INT8_CVT, W_INT8_PRMT = 0, 1, 2, 3, 4
 #: ``2^23 + 128``: what the int8 exponent trick adds to every weight.
 _INT8_MAGIC = 8388736.0
 
@@ -46,6 +52,8 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
         w_kind = W_INT8_CVT
     elif w_kind == W_INT8:
         w = w.view(torch.uint8)  # zero-extended bytes: the exponent trick needs no sign extension or mask
+        if cfg.int8_prmt and not _interpreting(x2.device):
+            w_kind = W_INT8_PRMT
     elif w_kind == W_FP8:
         w = w.view(torch.uint8)  # a masked tail load needs an integer 'other' (Triton cannot cast 0 to fp8)
     grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
@@ -60,6 +68,11 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
         n, k, k_per_split, w.stride(0), HAS_BIAS=bias is not None, W_KIND=w_kind,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0,
         REDUCE_LATE=cfg.reduce_late, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+
+
+def _interpreting(device: torch.device) -> bool:
+    """Inline PTX needs a real GPU: not the CPU, not the Triton interpreter."""
+    return device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _sms(device: torch.device) -> int:
@@ -78,6 +91,18 @@ if triton is not None:
             return _e4m3_bits_to_fp16(w).to(tl.float32)
         elif W_KIND == 1:  # fp8 e4m3 bytes (a uint8 view), converted by the hardware
             return w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        elif W_KIND == 4:  # uint8 view -> 1 + (b + 128) * 2^-15: the caller removes the offset (see module doc)
+            return tl.inline_asm_elementwise(
+                asm="""{
+                .reg .b32 t, one;
+                xor.b32 t, $4, 0x80808080;
+                mov.b32 one, 0x3F800000;
+                prmt.b32 $0, t, one, 0x7604;
+                prmt.b32 $1, t, one, 0x7614;
+                prmt.b32 $2, t, one, 0x7624;
+                prmt.b32 $3, t, one, 0x7634;
+                }""",
+                constraints="=r,=r,=r,=r,r", args=[w], dtype=tl.float32, is_pure=True, pack=4)
         else:
             return w.to(tl.float32)
 
@@ -94,6 +119,7 @@ if triton is not None:
         k_end = tl.minimum(K, k_start + k_per_split)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = tl.zeros((BLOCK_N, ), dtype=tl.float32)
+        x_sum = tl.zeros((BLOCK_K, ), dtype=tl.float32)  # W_INT8_PRMT: the offset to remove
         for k0 in range(k_start, k_end, BLOCK_K):
             ks = k0 + offs_k
             if EVEN_K:  # whole tiles: unmasked, so the loads vectorize to 16 bytes
@@ -104,12 +130,17 @@ if triton is not None:
                             eviction_policy="evict_first")
                 x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
             prod = widen_byte_weights(w, W_KIND) * x[None, :]
+            if W_KIND == 4:
+                x_sum += x
             if REDUCE_LATE:
                 acc2 += prod
             else:
                 acc += tl.sum(prod, axis=1)
         if REDUCE_LATE:
             acc = tl.sum(acc2, axis=1)
+        if W_KIND == 4:  # sum x * (1 + u * 2^-15) -> sum x * (u - 128)
+            sx = tl.sum(x_sum, axis=0)
+            acc = (acc - sx) * 32768.0 - 128.0 * sx
         acc = acc * tl.load(s_ptr + offs_n, mask=row_ok, other=0.0)
         offs_m = tl.arange(0, 1)
         splitk_finish(tl.reshape(acc, (1, BLOCK_N)), y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, 1, N, N,

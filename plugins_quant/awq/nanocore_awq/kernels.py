@@ -10,9 +10,12 @@ prefill a grouped tiled GEMM; launch parameters are a core ``GemmConfig``.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
+from nanocore.toolkit.capability import triton_reason
 from nanocore.toolkit.gemm import (
     DECODE_MAX_M,
     GemmConfig,
@@ -22,6 +25,7 @@ from nanocore.toolkit.gemm import (
     splitk_workspace,
 )
 from nanocore.toolkit.numerics import awq_dequantize
+from nanocore_awq.gemv_cuda import awq_gemv_cuda, gemv_fits, gemv_reason
 
 try:
     import triton
@@ -31,12 +35,43 @@ try:
 except ImportError:  # CPU-only installs use the torch twin
     triton = None
 
-__all__ = ["DECODE_MAX_M", "awq_default_config", "awq_linear_torch", "awq_linear_triton"]
+__all__ = ["DECODE_MAX_M", "awq_default_config", "awq_linear_gpu", "awq_linear_torch", "awq_linear_triton",
+           "run_awq_kernel"]
+_warned: set[str] = set()
 
 
 def awq_linear_torch(x, qweight, qzeros, scales, bias=None):
     """The torch twin: unpack and dequantize the whole weight, then ``F.linear``."""
     return F.linear(x, awq_dequantize(qweight, qzeros, scales).to(x.dtype).t(), bias)
+
+
+def run_awq_kernel(kernel: str, name: str, x, qweight, qzeros, scales, bias=None):
+    """What the ``kernel`` option picks: ``torch`` (and any CPU tensor) the twin, ``triton`` the Triton kernels,
+    ``auto`` / ``cuda`` the CUDA GEMV for M <= 4 and Triton beyond (``cuda``: an error if the GEMV cannot build)."""
+    usable = x.is_cuda and kernel != "torch" and triton_reason(x.device, name) is None
+    if kernel in ("triton", "cuda") and not usable:
+        raise RuntimeError(f"{name}: kernel={kernel!r} needs a CUDA GPU with Triton; use kernel='auto'")
+    if not usable:
+        return awq_linear_torch(x, qweight, qzeros, scales, bias)
+    if kernel == "triton":
+        return awq_linear_triton(x, qweight, qzeros, scales, bias)
+    return awq_linear_gpu(x, qweight, qzeros, scales, bias, require_gemv=kernel == "cuda")
+
+
+def awq_linear_gpu(x, qweight, qzeros, scales, bias=None, require_gemv: bool = False):
+    """M <= 4 (fp16 / bf16): the CUDA C++ GEMV (``gemv_cuda``); larger M, float32, or where the GEMV cannot be built
+    (warned once; an error with ``require_gemv``): the Triton kernels."""
+    x2, lead = gemm_input_rows(x, qweight.shape[0], "the AWQ weight")
+    if gemv_fits(x2.shape[0], x2, qweight, scales, bias):
+        reason = gemv_reason(x.device)
+        if reason is None:
+            return awq_gemv_cuda(x2, qweight, qzeros, scales, bias).reshape(*lead, scales.shape[1])
+        if require_gemv:
+            raise RuntimeError(f"awq: kernel='cuda' but {reason}; use kernel='auto' to run the Triton kernels")
+        if reason not in _warned:
+            _warned.add(reason)
+            logging.getLogger("nanocore_awq").warning("awq: decode runs the Triton GEMV: %s", reason)
+    return awq_linear_triton(x, qweight, qzeros, scales, bias)
 
 
 def awq_default_config(m: int, n: int, k: int) -> GemmConfig:

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
-from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.capability import cuda_capability_reason
 from nanocore.toolkit.checkpoint import (
     CheckpointFormatError,
     add_param,
@@ -23,7 +23,7 @@ from nanocore.toolkit.checkpoint import (
 from nanocore.toolkit.checkpoint_support import awq_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, awq_pack
-from nanocore_awq.kernels import awq_linear_torch, awq_linear_triton
+from nanocore_awq.kernels import run_awq_kernel
 from nanocore_awq.search import apply_awq_scales
 
 _OPTIONS = {"group_size": int, "kernel": str, "quantization_config": dict}
@@ -31,7 +31,7 @@ _TENSORS = ("qweight", "qzeros", "scales")
 
 
 class AWQLinearMethod(LinearMethod):
-    """W4A16, AutoAWQ GEMM layout; Triton kernels unpack int4 in registers (prefill and decode)."""
+    """W4A16, AutoAWQ GEMM layout: a CUDA C++ GEMV for M <= 4, Triton kernels beyond; int4 unpacked in registers."""
 
     quant_method = "awq"
 
@@ -47,7 +47,7 @@ class AWQLinearMethod(LinearMethod):
         super().__init__(options)
         check_options(self.name, self.options, _OPTIONS)
         self.group_size = int(config_option(self.options, "group_size", 128))
-        self.kernel = choice_option("awq", self.options, "kernel", ("auto", "triton", "torch"))
+        self.kernel = choice_option("awq", self.options, "kernel", ("auto", "cuda", "triton", "torch"))
         config = self.options.get("quantization_config") or {}
         bits, zero_point = config.get("bits", config.get("w_bit", 4)), config.get("zero_point", True)
         version = str(config.get("version", "gemm")).lower()
@@ -90,12 +90,8 @@ class AWQLinearMethod(LinearMethod):
         check_all_loaded(layer, list(_TENSORS), "awq")
 
     def apply(self, layer, x, bias=None):
-        usable = x.is_cuda and self.kernel != "torch" and triton_reason(x.device, "awq") is None
-        if self.kernel == "triton" and not usable:
-            raise RuntimeError("awq: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
-        run = awq_linear_triton if usable else awq_linear_torch
         gemm_input_rows(x, layer.qweight.shape[0], "awq's layer")  # a wrong K is a clear error on either path
-        return run(x, layer.qweight, layer.qzeros, layer.scales, bias)
+        return run_awq_kernel(self.kernel, "awq", x, layer.qweight, layer.qzeros, layer.scales, bias)
 
     @classmethod
     def quantize(cls, weights, calibration=None, group_size: int = 128):

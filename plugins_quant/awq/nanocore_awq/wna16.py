@@ -17,7 +17,7 @@ import torch.nn.functional as F
 
 from nanocore.interfaces import LinearMethod, check_options, choice_option
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
-from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.capability import cuda_capability_reason
 from nanocore.toolkit.checkpoint import (
     CheckpointFormatError,
     check_all_loaded,
@@ -32,7 +32,7 @@ from nanocore.toolkit.checkpoint_support import (
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.int_packing import dequantize_int, pack_quantized_tensors
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, pack_int4_awq
-from nanocore_awq.kernels import awq_linear_torch, awq_linear_triton
+from nanocore_awq.kernels import run_awq_kernel
 from nanocore_awq.wna16_layouts import LAYOUTS, canonical_tensors
 
 _OPTIONS = {"kernel": str, "quantization_config": dict}
@@ -48,7 +48,7 @@ class WNA16LinearMethod(LinearMethod):
     def __init__(self, options: dict[str, Any] | None = None):
         super().__init__(options)
         check_options(self.name, self.options, _OPTIONS)
-        self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "triton", "torch"))
+        self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "cuda", "triton", "torch"))
         config = self.options.get("quantization_config")
         reason = self.checkpoint_support(config) if config else None
         if reason:
@@ -115,11 +115,7 @@ class WNA16LinearMethod(LinearMethod):
             return F.linear(x, self._dequantized(layer, x.dtype), bias)
         if self.perm is not None:
             x = x.index_select(-1, self.perm)
-        usable = x.is_cuda and self.kernel != "torch" and triton_reason(x.device, self.name) is None
-        if self.kernel == "triton" and not usable:
-            raise RuntimeError(f"{self.name}: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
-        run = awq_linear_triton if usable else awq_linear_torch
-        return run(x, layer.qweight, layer.qzeros, layer.scales, bias)
+        return run_awq_kernel(self.kernel, self.name, x, layer.qweight, layer.qzeros, layer.scales, bias)
 
     def _dequantized(self, layer, dtype: torch.dtype) -> torch.Tensor:
         """The float weight (int8, or int4 whose merged shards have different act-orders: per shard)."""

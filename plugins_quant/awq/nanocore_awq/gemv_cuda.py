@@ -1,0 +1,112 @@
+"""The CUDA C++ decode GEMV for AutoAWQ int4 weights (``csrc/awq_gemv.cu``), M = 1..4, compiled on first use.
+
+Launch plan: each thread owns ``words`` packed int32 columns-of-8 of every K row of its split, a split is
+``groups_per_split`` quantization groups; ``gemv_plan`` picks them so the grid has several 128-thread blocks per SM.
+Torch twin: :func:`nanocore_awq.kernels.awq_linear_torch`.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nanocore.toolkit.cuda_library import CudaBuildError, arch_flags, load_cuda_library
+from nanocore.toolkit.gemm import splitk_workspace
+
+SOURCES = [Path(__file__).resolve().parent / "csrc" / "awq_gemv.cu"]
+LIBRARY = "nanocore_awq_gemv"
+GEMV_MAX_M = 4
+_THREADS = 128  # kThreads in the .cu
+_DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_reasons: dict[tuple, str | None] = {}  # (device capability) -> why the GEMV cannot run there, or None
+
+
+@dataclass(frozen=True)
+class GemvPlan:
+    words: int             # packed int32 words per thread (8 output columns each)
+    groups_per_split: int  # quantization groups per K split (blockIdx.y)
+
+
+def _library(capability: tuple[int, int]) -> ctypes.CDLL:
+    lib = load_cuda_library(LIBRARY, SOURCES, arch_flags(capability))
+    fn = lib.nanocore_awq_gemv
+    if fn.restype is not ctypes.c_int or not fn.argtypes:
+        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+        fn.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p, p, i, i, i, i, i, p]
+        fn.restype = ctypes.c_int
+    return lib
+
+
+def gemv_reason(device: torch.device) -> str | None:
+    """Why the CUDA GEMV cannot run on ``device`` (no nvcc, a failed build, an old GPU), or None; builds it once."""
+    if device.type != "cuda":
+        return "the awq CUDA GEMV runs on NVIDIA GPUs"
+    capability = torch.cuda.get_device_capability(device)
+    if capability not in _reasons:
+        if capability < (8, 0):
+            _reasons[capability] = f"the awq CUDA GEMV needs compute capability 8.0 or newer, not {capability}"
+        else:
+            try:
+                _library(capability)
+                _reasons[capability] = None
+            except (CudaBuildError, OSError) as exc:
+                _reasons[capability] = str(exc)
+    return _reasons[capability]
+
+
+def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias) -> bool:
+    """Whether these operands are ones the kernel takes (else the caller runs the Triton kernels)."""
+    return (1 <= m <= GEMV_MAX_M and x.dtype in _DTYPES and scales.dtype == x.dtype
+            and (bias is None or bias.dtype == x.dtype) and qweight.is_contiguous() and scales.is_contiguous())
+
+
+def gemv_plan(m: int, n: int, k: int, group_size: int, sms: int) -> GemvPlan:
+    """Widest loads whose grid still gives >= 4 blocks per SM, then splits of several groups while >= 4 per SM
+    remain (fewer fp32 partials to sum)."""
+    words_per_row, groups = n // 8, k // group_size
+
+    def blocks(words: int, per_split: int) -> int:
+        return -(-words_per_row // (words * _THREADS)) * -(-groups // per_split)
+    words = 1
+    for wide in (4, 2):
+        if wide * m <= 4 and words_per_row % wide == 0 and blocks(wide, 1) >= 4 * sms:
+            words = wide
+            break
+    per_split = 1
+    while per_split * 2 * group_size <= 1024 and blocks(words, per_split * 2) >= 4 * sms:
+        per_split *= 2
+    return GemvPlan(words, per_split)
+
+
+@functools.cache
+def _sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+                  bias: torch.Tensor | None = None, plan: GemvPlan | None = None) -> torch.Tensor:
+    """``x2 [M, K]`` (M <= 4, fp16 / bf16, unit column stride) times the AWQ weight -> ``[M, N]``."""
+    (m, k), n = x2.shape, scales.shape[1]
+    group_size = k // scales.shape[0]
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    plan = plan or gemv_plan(m, n, k, group_size, _sms(x2.device))
+    words_per_row = n // 8
+    if words_per_row % plan.words or plan.words * m > 4:
+        raise ValueError(f"awq gemv: {plan.words} words per thread do not fit N = {n} at M = {m}")
+    splits = -(-(k // group_size) // plan.groups_per_split)
+    grid_n = -(-words_per_row // (plan.words * _THREADS))
+    partials, counters = splitk_workspace(splits, m, n, grid_n, x2.device, qweight)
+    y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
+    lib = _library(torch.cuda.get_device_capability(x2.device))
+    err = lib.nanocore_awq_gemv(
+        _DTYPES[x2.dtype], m, plan.words, x2.data_ptr(), x2.stride(0), qweight.data_ptr(), qzeros.data_ptr(),
+        scales.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), y.stride(0),
+        partials.data_ptr() if partials is not None else None, counters.data_ptr() if counters is not None else None,
+        n, k, group_size, splits, plan.groups_per_split, torch.cuda.current_stream(x2.device).cuda_stream)
+    if err:
+        raise RuntimeError(f"awq gemv: launch failed (CUDA error {err}) for M={m}, N={n}, K={k}, {plan}")
+    return y
