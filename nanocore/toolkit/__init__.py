@@ -32,6 +32,8 @@ module                          what it offers
                                 (``block_scaled_linear``), its torch reference, blockwise dequantization
 ``toolkit.gemv``                the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the
                                 int8 exponent-trick widening ``widen_byte_weights``
+``toolkit.cuda_library``        CUDA C++ kernels compiled by nvcc on first use into a cached shared library called
+                                through ctypes (``load_cuda_library``; since 1.3)
 ``toolkit.moe_weights``         ``fp8_channel`` MoE expert weights: ``quantize_fp8_experts`` (fp8 e4m3, a float32
                                 scale per output row), ``dequantize_fp8_experts``
 ``toolkit.kv``                  KV-cache store / gather for layouts of the core family (fused store on CUDA, torch
