@@ -46,7 +46,7 @@ def main(out: Path) -> None:
         for plan in PLANS + [None]:
             if plan is not None and plan.words * m > 4:
                 continue
-            total, worst = 0.0, 0.0
+            total, worst, per_shape = 0.0, 0.0, {}
             for name, (n, k) in SHAPES.items():
                 chosen = plan or gemv_plan(m, n, k, 128, sms)
                 if (n // 8) % chosen.words:
@@ -56,9 +56,12 @@ def main(out: Path) -> None:
                 ref = awq_linear_torch(xs[name].float(), weights[name]["qweight"], weights[name]["qzeros"],
                                        weights[name]["scales"].float())
                 worst = max(worst, float((got - ref).abs().max() / ref.abs().max()))
-                total += graph_time_ms(lambda n=name, p=chosen, xs=xs: awq_gemv_cuda(xs[n], **weights[n], plan=p))
+                per_shape[name] = graph_time_ms(lambda n=name, p=chosen, xs=xs: awq_gemv_cuda(xs[n], **weights[n], plan=p))
+                total += per_shape[name]
             key = "default" if plan is None else f"w{plan.words}_g{plan.groups_per_split}"
             plans[key], errors[key] = total, worst
+            if plan is None:
+                record["default_per_shape_ms"] = per_shape
         record.update(plans=plans, errors_vs_twin=errors,
                       default_plans={n: vars(gemv_plan(m, *SHAPES[n], 128, sms)) for n in SHAPES})
         best = min((v, k) for k, v in plans.items() if not math.isnan(v))

@@ -2,6 +2,8 @@
 
 Launch plan: each thread owns ``words`` packed int32 columns-of-8 of every K row of its split, a split is
 ``groups_per_split`` quantization groups; ``gemv_plan`` picks them so the grid has several 128-thread blocks per SM.
+Splits add into a zeroed fp32 ``[4, N]`` buffer kept per weight (the kernel leaves it zeroed), with one arrival counter
+per column block: allocated at the first eager call, so a CUDA graph captured later reuses them.
 Torch twin: :func:`nanocore_awq.kernels.awq_linear_torch`.
 """
 from __future__ import annotations
@@ -14,7 +16,6 @@ from pathlib import Path
 import torch
 
 from nanocore.toolkit.cuda_library import CudaBuildError, arch_flags, load_cuda_library
-from nanocore.toolkit.gemm import splitk_workspace
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / "awq_gemv.cu"]
 LIBRARY = "nanocore_awq_gemv"
@@ -22,6 +23,8 @@ GEMV_MAX_M = 4
 _THREADS = 128  # kThreads in the .cu
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _reasons: dict[tuple, str | None] = {}  # (device capability) -> why the GEMV cannot run there, or None
+_workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (device, weight address) -> (sums, counters)
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # replaced workspaces a captured graph may still use
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,20 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def _workspace(device: torch.device, qweight: torch.Tensor, n: int, grid_n: int):
+    """The zeroed fp32 sums ``[GEMV_MAX_M * n]`` and counters of this weight (the kernel leaves both zeroed)."""
+    key = (device, qweight.data_ptr())
+    found = _workspaces.get(key)
+    if found is None or found[0].numel() < GEMV_MAX_M * n or found[1].numel() < grid_n:
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("awq gemv: its split-K buffers must exist before CUDA-graph capture; run once eagerly")
+        if found is not None:
+            _retired.append(found)  # never freed: a captured graph may point at it
+        found = _workspaces[key] = (torch.zeros(GEMV_MAX_M * n, dtype=torch.float32, device=device),
+                                    torch.zeros(max(grid_n, n // 8), dtype=torch.int32, device=device))
+    return found
+
+
 def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                   bias: torch.Tensor | None = None, plan: GemvPlan | None = None) -> torch.Tensor:
     """``x2 [M, K]`` (M <= 4, fp16 / bf16, unit column stride) times the AWQ weight -> ``[M, N]``."""
@@ -99,13 +116,13 @@ def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
         raise ValueError(f"awq gemv: {plan.words} words per thread do not fit N = {n} at M = {m}")
     splits = -(-(k // group_size) // plan.groups_per_split)
     grid_n = -(-words_per_row // (plan.words * _THREADS))
-    partials, counters = splitk_workspace(splits, m, n, grid_n, x2.device, qweight)
+    sums, counters = _workspace(x2.device, qweight, n, grid_n) if splits > 1 else (None, None)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     lib = _library(torch.cuda.get_device_capability(x2.device))
     err = lib.nanocore_awq_gemv(
         _DTYPES[x2.dtype], m, plan.words, x2.data_ptr(), x2.stride(0), qweight.data_ptr(), qzeros.data_ptr(),
         scales.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), y.stride(0),
-        partials.data_ptr() if partials is not None else None, counters.data_ptr() if counters is not None else None,
+        sums.data_ptr() if sums is not None else None, counters.data_ptr() if counters is not None else None,
         n, k, group_size, splits, plan.groups_per_split, torch.cuda.current_stream(x2.device).cuda_stream)
     if err:
         raise RuntimeError(f"awq gemv: launch failed (CUDA error {err}) for M={m}, N={n}, K={k}, {plan}")
