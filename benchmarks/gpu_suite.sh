@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -325,6 +325,22 @@ s9c)  # session 9, issue 16: the AWQ GEMV with batched loads and atomic split su
     --json $o/bench_linear_s9c.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -9 $o/bench_linear.log; pack
   for m in unquantized awq int8_w8a16; do
     timeout 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
+      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log
+    pack
+  done ;;
+s9d)  # session 9, issue 16: the AWQ GEMV with splits of any 16 rows and no out-of-row reads: memcheck of one case,
+  # cuda tests, plan sweep, bench linear, 7B batch-1 latency bf16 / awq / fp8_w8a16 (<= 480 s; OUTDIR/s9d.tgz)
+  o=/tmp/s9d; mkdir -p $o; pack() { tar -czf "$out/s9d.tgz" -C $o . ; }
+  timeout 90 compute-sanitizer --tool memcheck --error-exitcode 9 python3 -m pytest -q -m cuda -x \
+    "plugins_quant/awq/tests/test_gemv_cuda.py::test_gemv_on_qwen_shapes_and_graph_replay" >$o/memcheck.log 2>&1
+  echo "memcheck exit $?"; tail -4 $o/memcheck.log; pack
+  timeout 90 python3 -m pytest -q -m cuda -rf --tb=short plugins_quant/awq/tests >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -3 $o/tests.log; pack
+  timeout 100 python3 plugins_quant/awq_gemv_tune_gpu.py $o >$o/tune.log 2>&1; echo "tune exit $?"; cat $o/tune.log; pack
+  timeout 70 $N bench linear --device cuda --methods unquantized,fp8_w8a16,int8_w8a16,awq --ms 1,4,16 \
+    --json $o/bench_linear_s9d.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -15 $o/bench_linear.log; pack
+  for m in unquantized awq fp8_w8a16; do
+    timeout 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
       --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log
     pack
   done ;;

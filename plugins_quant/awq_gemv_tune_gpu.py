@@ -21,7 +21,7 @@ from nanocore.toolkit.numerics import awq_pack
 from nanocore.toolkit.timing import graph_time_ms
 
 SHAPES = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584), "down_proj": (3584, 18944)}
-PLANS = [GemvPlan(w, g) for w in (1, 2, 4) for g in (1, 2, 4, 8)]
+PLANS = [GemvPlan(w, r) for w in (1, 2, 4) for r in (32, 64, 128, 256, 512)]
 
 
 def main(out: Path) -> None:
@@ -58,16 +58,20 @@ def main(out: Path) -> None:
                 worst = max(worst, float((got - ref).abs().max() / ref.abs().max()))
                 per_shape[name] = graph_time_ms(lambda n=name, p=chosen, xs=xs: awq_gemv_cuda(xs[n], **weights[n], plan=p))
                 total += per_shape[name]
-            key = "default" if plan is None else f"w{plan.words}_g{plan.groups_per_split}"
+            key = "default" if plan is None else f"w{plan.words}_r{plan.rows_per_split}"
             plans[key], errors[key] = total, worst
-            if plan is None:
-                record["default_per_shape_ms"] = per_shape
+            record.setdefault("per_shape_ms", {})[key] = per_shape
         record.update(plans=plans, errors_vs_twin=errors,
                       default_plans={n: vars(gemv_plan(m, *SHAPES[n], 128, sms)) for n in SHAPES})
         best = min((v, k) for k, v in plans.items() if not math.isnan(v))
         print(f"M={m}: bf16 {record['bf16_ms']:.4f} ms, triton {record['triton_ms']:.4f}, default "
               f"{plans['default']:.4f} ({record['bf16_ms'] / plans['default']:.2f}x bf16), best {best[1]} "
               f"{best[0]:.4f}; worst error {max(errors.values()):.2e}", flush=True)
+        for shape in SHAPES:
+            timed = {key: t[shape] for key, t in record["per_shape_ms"].items() if shape in t}
+            fastest = min(timed, key=timed.get)
+            print(f"  {shape}: default {timed['default'] * 1e3:.1f} us, best {fastest} {timed[fastest] * 1e3:.1f} us",
+                  flush=True)
         rows.append(record)
     info = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "rows": rows,
             "weight_mb_int4": sum(n * k / 2 / 1e6 for n, k in SHAPES.values())}

@@ -1,7 +1,8 @@
 """The CUDA C++ decode GEMV for AutoAWQ int4 weights (``csrc/awq_gemv.cu``), M = 1..4, compiled on first use.
 
-Launch plan: each thread owns ``words`` packed int32 columns-of-8 of every K row of its split, a split is
-``groups_per_split`` quantization groups; ``gemv_plan`` picks them so the grid has several 128-thread blocks per SM.
+Launch plan: each thread owns ``words`` packed int32 columns-of-8 of every K row of its split of ``rows_per_split``
+rows (any multiple of 16: a split may end inside a quantization group); ``gemv_plan`` picks them so the grid has at
+least 4 blocks of 128 threads per SM and each thread walks as few rows as that allows (the walk is latency-bound).
 Splits add into a zeroed fp32 ``[4, N]`` buffer kept per weight (the kernel leaves it zeroed), with one arrival counter
 per column block: allocated at the first eager call, so a CUDA graph captured later reuses them.
 Torch twin: :func:`nanocore_awq.kernels.awq_linear_torch`.
@@ -29,8 +30,8 @@ _retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # replaced workspaces a 
 
 @dataclass(frozen=True)
 class GemvPlan:
-    words: int             # packed int32 words per thread (8 output columns each)
-    groups_per_split: int  # quantization groups per K split (blockIdx.y)
+    words: int           # packed int32 words per thread (8 output columns each)
+    rows_per_split: int  # K rows per split (blockIdx.y), a multiple of 16
 
 
 def _library(capability: tuple[int, int]) -> ctypes.CDLL:
@@ -67,21 +68,15 @@ def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 
 def gemv_plan(m: int, n: int, k: int, group_size: int, sms: int) -> GemvPlan:
-    """Widest loads whose grid still gives >= 4 blocks per SM, then splits of several groups while >= 4 per SM
-    remain (fewer fp32 partials to sum)."""
-    words_per_row, groups = n // 8, k // group_size
-
-    def blocks(words: int, per_split: int) -> int:
-        return -(-words_per_row // (words * _THREADS)) * -(-groups // per_split)
-    words = 1
-    for wide in (4, 2):
-        if wide * m <= 4 and words_per_row % wide == 0 and blocks(wide, 1) >= 4 * sms:
-            words = wide
-            break
-    per_split = 1
-    while per_split * 2 * group_size <= 1024 and blocks(words, per_split * 2) >= 4 * sms:
-        per_split *= 2
-    return GemvPlan(words, per_split)
+    """8-byte loads where the row has 16+ column blocks of them (M <= 2), then the longest split (<= 1,024 rows,
+    >= 32) that still gives >= 4 blocks per SM: fewer split sums, yet enough rows in flight on every SM."""
+    words_per_row = n // 8
+    words = 2 if m <= 2 and words_per_row % 2 == 0 and words_per_row >= 16 * 2 * _THREADS else 1
+    column_blocks = -(-words_per_row // (words * _THREADS))
+    rows = 1024
+    while rows > 32 and column_blocks * -(-k // rows) < 4 * sms:
+        rows //= 2
+    return GemvPlan(words, rows)
 
 
 @functools.cache
@@ -112,9 +107,9 @@ def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
         x2 = x2.contiguous()
     plan = plan or gemv_plan(m, n, k, group_size, _sms(x2.device))
     words_per_row = n // 8
-    if words_per_row % plan.words or plan.words * m > 4:
-        raise ValueError(f"awq gemv: {plan.words} words per thread do not fit N = {n} at M = {m}")
-    splits = -(-(k // group_size) // plan.groups_per_split)
+    if words_per_row % plan.words or plan.words * m > 4 or plan.rows_per_split % 16 or k % 32:
+        raise ValueError(f"awq gemv: {plan} does not fit N = {n}, K = {k} at M = {m}")
+    splits = -(-k // plan.rows_per_split)
     grid_n = -(-words_per_row // (plan.words * _THREADS))
     sums, counters = _workspace(x2.device, qweight, n, grid_n) if splits > 1 else (None, None)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
@@ -123,7 +118,7 @@ def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
         _DTYPES[x2.dtype], m, plan.words, x2.data_ptr(), x2.stride(0), qweight.data_ptr(), qzeros.data_ptr(),
         scales.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), y.stride(0),
         sums.data_ptr() if sums is not None else None, counters.data_ptr() if counters is not None else None,
-        n, k, group_size, splits, plan.groups_per_split, torch.cuda.current_stream(x2.device).cuda_stream)
+        n, k, group_size, splits, plan.rows_per_split, torch.cuda.current_stream(x2.device).cuda_stream)
     if err:
         raise RuntimeError(f"awq gemv: launch failed (CUDA error {err}) for M={m}, N={n}, K={k}, {plan}")
     return y

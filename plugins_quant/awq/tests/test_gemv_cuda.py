@@ -11,9 +11,9 @@ from nanocore_awq.kernels import awq_linear_torch
 COLUMN_OF_NIBBLE = [0, 2, 4, 6, 1, 3, 5, 7]
 
 
-def gemv_emulated(x, qweight, qzeros, scales):
+def gemv_emulated(x, qweight, qzeros, scales, rows_per_split=None):
     """The kernel's arithmetic in float32 torch: nibbles widened to 1 + q * 2^-8 / 1 + q * 2^-4 by bit operations,
-    per-group sums of x * v, then s * ((acc - sum x) * 2^p - z * sum x)."""
+    sums of x * v per piece of a group inside one split, then s * ((acc - sum x) * 2^p - z * sum x) per piece."""
     (m, k), n = x.shape, scales.shape[1]
     groups = scales.shape[0]
     g = k // groups
@@ -31,20 +31,23 @@ def gemv_emulated(x, qweight, qzeros, scales):
     zeros = torch.stack([(qzeros.to(torch.int64) >> (4 * i)) & 0xF for i in range(8)], -1)
     zeros = zeros[..., nibble_of].reshape(groups, n).float()
     total = torch.zeros(m, n)
-    for gi in range(groups):
-        xs = x[:, gi * g:(gi + 1) * g].float()
-        acc, sx = xs @ values[gi * g:(gi + 1) * g], xs.sum(1, keepdim=True)
+    cuts = sorted(set(range(0, k, g)) | set(range(0, k, rows_per_split or g)) | {k})
+    for a, b in zip(cuts[:-1], cuts[1:]):  # pieces: a group, or the part of it one split holds
+        gi = a // g
+        xs = x[:, a:b].float()
+        acc, sx = xs @ values[a:b], xs.sum(1, keepdim=True)
         total += scales[gi].float() * ((acc - sx) * unit - zeros[gi] * sx)
     return total
 
 
-@pytest.mark.parametrize("m,n,k,group", [(1, 64, 256, 128), (3, 40, 128, 32), (4, 24, 384, 64)])
-def test_kernel_arithmetic_matches_the_twin(m, n, k, group):
+@pytest.mark.parametrize("m,n,k,group,rows", [(1, 64, 256, 128, None), (3, 40, 128, 32, 16), (4, 24, 384, 64, 48),
+                                              (2, 16, 512, 128, 96)])
+def test_kernel_arithmetic_matches_the_twin(m, n, k, group, rows):
     torch.manual_seed(m * 7 + n)
     packed = awq_pack(torch.randn(n, k), group)
     x = torch.randn(m, k)
     expected = awq_linear_torch(x, packed["qweight"], packed["qzeros"], packed["scales"].float())
-    got = gemv_emulated(x, packed["qweight"], packed["qzeros"], packed["scales"])
+    got = gemv_emulated(x, packed["qweight"], packed["qzeros"], packed["scales"], rows)
     assert float((got - expected).abs().max() / expected.abs().max()) < 1e-4  # bf16 rounds at 4e-3
 
 
@@ -62,15 +65,17 @@ def test_emulation_catches_a_wrong_column_order():
 
 
 def test_plan_fills_the_gpu_and_keeps_loads_aligned():
-    # Qwen2.5-7B at M = 1 on 132 SMs: every plan has >= 4 blocks per SM, words dividing the row
+    # Qwen2.5-7B at M = 1..4 on 132 SMs: >= 4 blocks per SM (or the shortest split), words dividing the row
     for n, k in [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)]:
         for m in range(1, GEMV_MAX_M + 1):
             plan = gemv_plan(m, n, k, 128, 132)
-            assert (n // 8) % plan.words == 0 and plan.words * m <= 4 and plan.groups_per_split * 128 <= 1024
-            blocks = -(-(n // 8) // (plan.words * 128)) * -(-(k // 128) // plan.groups_per_split)
-            assert blocks >= 4 * 132 or plan == GemvPlan(1, 1)
-    assert gemv_plan(1, 37888, 3584, 128, 132).words > 1  # wide rows take 8- or 16-byte loads
-    assert gemv_plan(1, 37888, 3584, 128, 8).groups_per_split == 8  # few SMs: long splits (1,024 rows), few partials
+            assert (n // 8) % plan.words == 0 and plan.words * m <= 4 and plan.rows_per_split % 16 == 0
+            blocks = -(-(n // 8) // (plan.words * 128)) * -(-k // plan.rows_per_split)
+            assert blocks >= 4 * 132 or plan.rows_per_split == 32
+            assert plan.rows_per_split == 1024 or blocks < 8 * 132  # and no shorter than that needs
+    assert gemv_plan(1, 37888, 3584, 128, 132) == GemvPlan(2, 128)  # wide rows: 8-byte loads
+    assert gemv_plan(1, 4608, 3584, 128, 132) == GemvPlan(1, 32)  # narrow rows: short splits, many blocks
+    assert gemv_plan(1, 37888, 3584, 128, 8).rows_per_split == 1024  # few SMs: long splits, few split sums
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc (the CUDA toolkit) to compile the kernel")
@@ -103,8 +108,8 @@ def test_gemv_matches_twin_on_cuda(m, dtype, with_bias):
     from nanocore_awq.gemv_cuda import awq_gemv_cuda, gemv_reason
     assert gemv_reason(torch.device("cuda")) is None
     packed, x, bias, expected = _cuda_case(m, 1536, 1280, 128, dtype, with_bias, seed=m)
-    plans = [None, GemvPlan(1, 1), GemvPlan(1, 3), GemvPlan(2, 4)] + ([GemvPlan(4, 2)] if m == 1 else [])
-    for plan in plans:  # 10 groups: a split of 3 or 4 leaves a short last split
+    plans = [None, GemvPlan(1, 128), GemvPlan(1, 48), GemvPlan(2, 16)] + ([GemvPlan(4, 384)] if m == 1 else [])
+    for plan in plans:  # K = 1,280: 48-row splits end inside groups, 384-row splits leave a short last one
         if plan is not None and plan.words * m > 4:
             continue
         for _ in range(2):  # the second call checks that the split counters were reset

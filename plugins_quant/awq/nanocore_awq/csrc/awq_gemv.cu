@@ -123,19 +123,18 @@ template <typename T, int M, int WORDS>
 __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(
     const T* __restrict__ x, int64_t ldx, const uint32_t* __restrict__ qweight, const uint32_t* __restrict__ qzeros,
     const T* __restrict__ scales, const T* __restrict__ bias, T* __restrict__ y, int64_t ldy,
-    float* __restrict__ accum, int* __restrict__ counters, int n, int k, int group_size, int groups_per_split) {
+    float* __restrict__ accum, int* __restrict__ counters, int n, int k, int group_size, int rows_per_split) {
   extern __shared__ float xs[];  // x of this split as fp32 [M][rows]
   const int nw = n / 8;
   const int word0 = (blockIdx.x * kThreads + threadIdx.x) * WORDS;
-  const int g_begin = blockIdx.y * groups_per_split;
-  const int g_end = min(g_begin + groups_per_split, k / group_size);
-  const int rows = (g_end - g_begin) * group_size, row0 = g_begin * group_size;
+  const int row0 = blockIdx.y * rows_per_split, rows = min(rows_per_split, k - row0);  // rows: a multiple of 16
   for (int i = threadIdx.x; i < M * rows; i += kThreads) {
     const int m = i / rows, r = i - m * rows;
     xs[i] = to_float(x[m * ldx + row0 + r]);
   }
   __syncthreads();
   const bool active = word0 < nw;
+  const int word = active ? word0 : 0;  // threads past the last column read column 0 and store nothing
   Tile<M, WORDS> t;
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -147,22 +146,24 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(
   asm("mov.b32 %0, 0x00078000;" : "=r"(lo));
   asm("mov.b32 %0, 0x00780000;" : "=r"(hi));
   asm("mov.b32 %0, 0x3F800000;" : "=r"(one));
-  const uint32_t* wp = qweight + (int64_t)row0 * nw + (active ? word0 : 0);
+  const uint32_t* wp = qweight + (int64_t)row0 * nw + word;
   uint32_t a[kUnroll][WORDS], b[kUnroll][WORDS];
 #pragma unroll
   for (int u = 0; u < kUnroll; ++u) load_words<WORDS>(wp + (int64_t)u * nw, a[u]);
-  for (int r0 = 0; r0 < rows; r0 += 2 * kUnroll) {  // rows is a multiple of 32: batches come in pairs
+  // a group closes at its last row or at the split's end (a split may hold part of a group: the sums are linear)
+  for (int r0 = 0; r0 < rows; r0 += 2 * kUnroll) {  // rows is a multiple of 16: batches come in pairs
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) load_words<WORDS>(wp + (int64_t)(r0 + kUnroll + u) * nw, b[u]);
     fma_batch<M, WORDS>(t, a, xs, rows, r0, lo, hi, one);
-    if ((r0 + kUnroll) % group_size == 0) close_group<T, M, WORDS>(t, qzeros, scales, g_begin + r0 / group_size, n, word0);
+    if ((row0 + r0 + kUnroll) % group_size == 0)
+      close_group<T, M, WORDS>(t, qzeros, scales, (row0 + r0) / group_size, n, word);
     if (r0 + 2 * kUnroll < rows) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) load_words<WORDS>(wp + (int64_t)(r0 + 2 * kUnroll + u) * nw, a[u]);
     }
     fma_batch<M, WORDS>(t, b, xs, rows, r0 + kUnroll, lo, hi, one);
-    if ((r0 + 2 * kUnroll) % group_size == 0)
-      close_group<T, M, WORDS>(t, qzeros, scales, g_begin + (r0 + kUnroll) / group_size, n, word0);
+    if ((row0 + r0 + 2 * kUnroll) % group_size == 0 || r0 + 2 * kUnroll == rows)
+      close_group<T, M, WORDS>(t, qzeros, scales, (row0 + r0 + kUnroll) / group_size, n, word);
   }
   // natural column order: column 8 * (word0 + j) + kColumn[i] holds nibble i
   float out[M][WORDS][8];
@@ -219,24 +220,24 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(
 template <typename T, int M, int WORDS>
 int launch(const void* x, int64_t ldx, const void* qweight, const void* qzeros, const void* scales, const void* bias,
            void* y, int64_t ldy, float* sums, int* counters, int n, int k, int group_size, int splits,
-           int groups_per_split, cudaStream_t stream) {
+           int rows_per_split, cudaStream_t stream) {
   const int nw = n / 8;
   dim3 grid((nw / WORDS + kThreads - 1) / kThreads, splits);
-  const size_t shared = sizeof(float) * M * groups_per_split * group_size;
+  const size_t shared = sizeof(float) * M * rows_per_split;
   awq_gemv_kernel<T, M, WORDS><<<grid, kThreads, shared, stream>>>(
       static_cast<const T*>(x), ldx, static_cast<const uint32_t*>(qweight), static_cast<const uint32_t*>(qzeros),
       static_cast<const T*>(scales), static_cast<const T*>(bias), static_cast<T*>(y), ldy, sums, counters, n, k,
-      group_size, groups_per_split);
+      group_size, rows_per_split);
   return (int)cudaGetLastError();
 }
 
 template <typename T, int M>
 int launch_words(int words, const void* x, int64_t ldx, const void* qweight, const void* qzeros, const void* scales,
                  const void* bias, void* y, int64_t ldy, float* sums, int* counters, int n, int k, int group_size,
-                 int splits, int groups_per_split, cudaStream_t stream) {
+                 int splits, int rows_per_split, cudaStream_t stream) {
 #define NANOCORE_AWQ_LAUNCH(W) \
   return launch<T, M, W>(x, ldx, qweight, qzeros, scales, bias, y, ldy, sums, counters, n, k, group_size, splits, \
-                         groups_per_split, stream)
+                         rows_per_split, stream)
   // M * WORDS <= 4: the fp32 accumulators (2 * M * 8 * WORDS) stay in registers
   if (words == 1) NANOCORE_AWQ_LAUNCH(1);
   if constexpr (M <= 2) {
@@ -252,10 +253,10 @@ int launch_words(int words, const void* x, int64_t ldx, const void* qweight, con
 template <typename T>
 int launch_m(int m, int words, const void* x, int64_t ldx, const void* qweight, const void* qzeros,
              const void* scales, const void* bias, void* y, int64_t ldy, float* sums, int* counters, int n, int k,
-             int group_size, int splits, int groups_per_split, cudaStream_t stream) {
+             int group_size, int splits, int rows_per_split, cudaStream_t stream) {
 #define NANOCORE_AWQ_M(M_) \
   return launch_words<T, M_>(words, x, ldx, qweight, qzeros, scales, bias, y, ldy, sums, counters, n, k, \
-                             group_size, splits, groups_per_split, stream)
+                             group_size, splits, rows_per_split, stream)
   switch (m) {
     case 1: NANOCORE_AWQ_M(1);
     case 2: NANOCORE_AWQ_M(2);
@@ -274,13 +275,13 @@ int launch_m(int m, int words, const void* x, int64_t ldx, const void* qweight, 
 extern "C" int nanocore_awq_gemv(int dtype, int m, int words, const void* x, int64_t ldx, const void* qweight,
                                  const void* qzeros, const void* scales, const void* bias, void* y, int64_t ldy,
                                  float* sums, int* counters, int n, int k, int group_size, int splits,
-                                 int groups_per_split, void* stream) {
+                                 int rows_per_split, void* stream) {
   auto s = static_cast<cudaStream_t>(stream);
   if (dtype == 0)
     return launch_m<__half>(m, words, x, ldx, qweight, qzeros, scales, bias, y, ldy, sums, counters, n, k,
-                            group_size, splits, groups_per_split, s);
+                            group_size, splits, rows_per_split, s);
   if (dtype == 1)
     return launch_m<__nv_bfloat16>(m, words, x, ldx, qweight, qzeros, scales, bias, y, ldy, sums, counters, n, k,
-                                   group_size, splits, groups_per_split, s);
+                                   group_size, splits, rows_per_split, s);
   return -1;
 }
