@@ -68,15 +68,14 @@ def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
 
 
 def gemv_plan(m: int, n: int, k: int, group_size: int, sms: int) -> GemvPlan:
-    """8-byte loads where the row has 16+ column blocks of them (M <= 2), then the longest split (<= 1,024 rows,
-    >= 32) that still gives >= 4 blocks per SM: fewer split sums, yet enough rows in flight on every SM."""
-    words_per_row = n // 8
-    words = 2 if m <= 2 and words_per_row % 2 == 0 and words_per_row >= 16 * 2 * _THREADS else 1
-    column_blocks = -(-words_per_row // (words * _THREADS))
+    """One word per thread and the longest split (<= 1,024 rows, >= 64) that still gives >= 4 blocks per SM: fewer
+    split sums, yet enough rows in flight on every SM. On the H200 (awq_gemv_tune.json, session 9) 8- and 16-byte
+    loads were slower at every M and shape, and 32-row splits slower than 64 except o_proj at M = 1 (by 1 us)."""
+    column_blocks = -(-(n // 8) // _THREADS)
     rows = 1024
-    while rows > 32 and column_blocks * -(-k // rows) < 4 * sms:
+    while rows > 64 and column_blocks * -(-k // rows) < 4 * sms:
         rows //= 2
-    return GemvPlan(words, rows)
+    return GemvPlan(1, rows)
 
 
 @functools.cache
