@@ -139,3 +139,17 @@ def test_method_dispatch_runs_the_gemv_for_small_m_and_triton_beyond():
     assert _close(run_awq_kernel("cuda", "awq", x, **packed), expected)
     packed, x, _, expected = _cuda_case(9, 512, 1024, 128, torch.bfloat16, False)
     assert _close(run_awq_kernel("cuda", "awq", x, **packed), expected)
+
+
+def test_kernel_option_choices_on_cpu():
+    from nanocore_awq import AWQLinearMethod
+    from nanocore_awq.kernels import run_awq_kernel
+    packed = awq_pack(torch.randn(16, 128), 128)
+    x = torch.randn(2, 128)
+    with pytest.raises(RuntimeError, match="kernel='cuda' needs a CUDA GPU"):
+        run_awq_kernel("cuda", "awq", x, **packed)
+    expected = awq_linear_torch(x, packed["qweight"], packed["qzeros"], packed["scales"])
+    torch.testing.assert_close(run_awq_kernel("auto", "awq", x, **packed), expected)
+    assert AWQLinearMethod({"kernel": "cuda"}).kernel == "cuda"
+    with pytest.raises(ValueError, match="cuda"):
+        AWQLinearMethod({"kernel": "cutlass"})
