@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -344,6 +344,13 @@ s9d)  # session 9, issue 16: the AWQ GEMV with splits of any 16 rows and no out-
       --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log
     pack
   done ;;
+s9f)  # session 9's last call (~150 s): the review's mends on the GPU: awq cuda tests (workspace on the weight, error
+  # strings, stricter fits), the int8 fma offset and its one-signed-activation test, bench linear M = 1
+  o=/tmp/s9f; mkdir -p $o; pack() { tar -czf "$out/s9f.tgz" -C $o . ; }
+  timeout 70 python3 -m pytest -q -m cuda -rf --tb=short plugins_quant/awq/tests/test_gemv_cuda.py tests/test_quant_gemm.py \
+    >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack
+  timeout 45 $N bench linear --device cuda --methods unquantized,int8_w8a16,awq --ms 1 --json $o/bench_linear_s9f.json \
+    >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -5 $o/bench_linear.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

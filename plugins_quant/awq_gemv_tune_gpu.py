@@ -48,7 +48,7 @@ def main(out: Path) -> None:
                 continue
             total, worst, per_shape = 0.0, 0.0, {}
             for name, (n, k) in SHAPES.items():
-                chosen = plan or gemv_plan(m, n, k, 128, sms)
+                chosen = plan or gemv_plan(n, k, sms)
                 if (n // 8) % chosen.words:
                     total = float("nan")
                     break
@@ -62,7 +62,7 @@ def main(out: Path) -> None:
             plans[key], errors[key] = total, worst
             record.setdefault("per_shape_ms", {})[key] = per_shape
         record.update(plans=plans, errors_vs_twin=errors,
-                      default_plans={n: vars(gemv_plan(m, *SHAPES[n], 128, sms)) for n in SHAPES})
+                      default_plans={n: vars(gemv_plan(*SHAPES[n], sms)) for n in SHAPES})
         best = min((v, k) for k, v in plans.items() if not math.isnan(v))
         print(f"M={m}: bf16 {record['bf16_ms']:.4f} ms, triton {record['triton_ms']:.4f}, default "
               f"{plans['default']:.4f} ({record['bf16_ms'] / plans['default']:.2f}x bf16), best {best[1]} "

@@ -48,3 +48,19 @@ def test_without_nvcc_the_error_says_what_to_install(monkeypatch, tmp_path):
     with pytest.raises(CudaBuildError, match="CUDA_HOME"):
         load_cuda_library("nanocore_test_none", [Path(__file__)], [])
     assert cuda_library.arch_flags((9, 0)) == ["-gencode=arch=compute_90,code=sm_90"]
+
+
+def test_an_interrupted_build_is_not_remembered_as_failed(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    monkeypatch.setenv("NANOCORE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cuda_library, "nvcc_path", lambda: sys.executable)  # any existing file: never run
+
+    def timeout(*args, **kwargs):
+        raise subprocess.TimeoutExpired("nvcc", 1)
+    monkeypatch.setattr(subprocess, "run", timeout)
+    source = tmp_path / "slow.cu"
+    source.write_text(GOOD)
+    with pytest.raises(CudaBuildError, match="tried again"):
+        load_cuda_library("nanocore_test_slow", [source], [])
+    assert cached_failure("nanocore_test_slow", [source], []) is None

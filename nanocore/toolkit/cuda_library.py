@@ -19,7 +19,7 @@ from pathlib import Path
 
 from nanocore.toolkit.paths import cache_dir
 
-_loaded: dict[Path, ctypes.CDLL] = {}  # build folder -> library, per process
+_loaded: dict[tuple, ctypes.CDLL] = {}  # (name, sources, flags) -> library, per process: no hashing per call
 
 
 class CudaBuildError(RuntimeError):
@@ -71,20 +71,21 @@ def cached_failure(name: str, sources: list[Path], flags: list[str]) -> str | No
 
 def load_cuda_library(name: str, sources: list[Path], flags: list[str], timeout_s: float = 600) -> ctypes.CDLL:
     """The library of ``sources`` compiled with ``nvcc -shared`` and ``flags`` (built now, or from the cache)."""
+    key = (name, tuple(map(str, sources)), tuple(flags))
+    if key in _loaded:
+        return _loaded[key]
     reason = toolchain_reason(name)
     if reason:
         raise CudaBuildError(reason)
     folder = build_folder(name, sources, flags)
-    if folder in _loaded:
-        return _loaded[folder]
     library = folder / f"lib{name}.so"
     if not library.is_file():
         failure = cached_failure(name, sources, flags)
         if failure:
             raise CudaBuildError(failure)
         _compile(name, sources, flags, folder, library, timeout_s)
-    _loaded[folder] = ctypes.CDLL(str(library))
-    return _loaded[folder]
+    _loaded[key] = ctypes.CDLL(str(library))
+    return _loaded[key]
 
 
 def _compile(name: str, sources: list[Path], flags: list[str], folder: Path, library: Path, timeout_s: float):
@@ -95,13 +96,13 @@ def _compile(name: str, sources: list[Path], flags: list[str], folder: Path, lib
                *map(str, sources)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-        output, ok = done.stdout + done.stderr, done.returncode == 0
-    except subprocess.TimeoutExpired as exc:
-        output, ok = f"nvcc did not finish within {timeout_s} s: {exc}", False
-    if not ok:
+    except (subprocess.TimeoutExpired, OSError) as exc:  # not the sources' fault: the next process tries again
+        partial.unlink(missing_ok=True)
+        raise CudaBuildError(f"{name}: nvcc did not run to the end ({exc}); it is tried again next time") from exc
+    if done.returncode != 0:  # the compiler rejected the sources: remembered, not retried
         partial.unlink(missing_ok=True)
         log = folder / "build.log"
-        log.write_text(" ".join(command) + "\n" + output)
+        log.write_text(" ".join(command) + "\n" + done.stdout + done.stderr)
         message = (f"{name}: compiling its CUDA kernels failed; compiler output in {log}. Delete {folder} to retry "
                    f"after fixing it.")
         (folder / "FAILED").write_text(message)

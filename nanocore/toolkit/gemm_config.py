@@ -31,8 +31,8 @@ class GemmConfig:
     group_m: int = 8  # tiled: row tiles that share weight tiles in L2
     fp8_native: bool | None = None  # None: native where the GPU converts fp8 (sm_89+)
     reduce_late: bool = True  # gemv: one cross-thread reduction after the K loop (else one per tile)
-    int8_magic: bool = True  # gemv: int8 widened by the exponent trick (else the int-to-float conversion)
-    int8_prmt: bool = True  # gemv on a GPU: int8 widened by byte permutes (inline PTX) rather than the trick + add
+    int8_magic: bool = True  # gemv: int8 by the exponent trick (else the int-to-float conversion); see int8_prmt
+    int8_prmt: bool = True  # gemv on a GPU, with int8_magic: byte permutes (inline PTX) instead of the trick + add
 
 
 def default_config(m: int, n: int, k: int) -> GemmConfig:

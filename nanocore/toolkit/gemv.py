@@ -8,8 +8,9 @@ accumulator that is reduced across threads once, after the K loop (``REDUCE_LATE
 int8 widens with the exponent trick: ``(b ^ 0x80) | 0x4B000000`` is the float ``2^23 + b + 128`` (one LOP3 and an
 add, no int-to-float conversion, which runs at a quarter of the FMA rate). On a GPU it takes one byte permute
 (``prmt``) per weight instead: byte ``b ^ 0x80`` placed in mantissa bits 8-15 of 1.0f is ``1 + (b + 128) * 2^-15``,
-four weights per XOR, no add; the program sums ``x`` alongside and removes the offset once at the end
-(``(acc - sum x) * 2^15 - 128 * sum x``; the offset costs about 8 of fp32's 24 bits, far below bf16 rounding). K slices are summed by
+four weights per XOR, no add. The offset leaves inside the FMA: ``fma(v, x, -(x + x / 256))`` is ``x * b * 2^-15``
+rounded once (``x + x / 256`` is exact for bf16 / fp16 activations), so no large sum is ever cancelled; the
+dot is scaled by 2^15 at the end. K slices are summed by
 :func:`nanocore.toolkit.gemm.splitk_finish` (the last slice to arrive adds the others' fp32 partials).
 Torch reference: :func:`nanocore.toolkit.gemm.weight_only_linear_torch`.
 """
@@ -83,7 +84,8 @@ def _sms(device: torch.device) -> int:
 if triton is not None:
     @triton.jit
     def widen_byte_weights(w, W_KIND: tl.constexpr):
-        """Stored one-byte weights -> fp32 (fp8 bits come out as value / 256: fold 256 into the scale)."""
+        """Stored one-byte weights -> fp32 (fp8 bits come out as value / 256: fold 256 into the scale; W_KIND 4 gives
+        ``1 + (b + 128) * 2^-15``, the caller removes the offset as ``_gemv_kernel`` does)."""
         if W_KIND == 0:  # one LOP3 plus an add; exact for every int8 (int8 or its uint8 view)
             f = (((w.to(tl.int32) & 0xFF) ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True)
             return f - 8388736.0
@@ -119,7 +121,6 @@ if triton is not None:
         k_end = tl.minimum(K, k_start + k_per_split)
         acc2 = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
         acc = tl.zeros((BLOCK_N, ), dtype=tl.float32)
-        x_sum = tl.zeros((BLOCK_K, ), dtype=tl.float32)  # W_INT8_PRMT: the offset to remove
         for k0 in range(k_start, k_end, BLOCK_K):
             ks = k0 + offs_k
             if EVEN_K:  # whole tiles: unmasked, so the loads vectorize to 16 bytes
@@ -129,18 +130,18 @@ if triton is not None:
                 w = tl.load(w_rows + ks[None, :], mask=ks[None, :] < k_end, other=0,
                             eviction_policy="evict_first")
                 x = tl.load(x_ptr + ks, mask=ks < k_end, other=0.0).to(tl.float32)
-            prod = widen_byte_weights(w, W_KIND) * x[None, :]
-            if W_KIND == 4:
-                x_sum += x
+            if W_KIND == 4:  # x * (1 + u * 2^-15) - x * (1 + 2^-8) = x * b * 2^-15, one rounding (see module doc)
+                prod = tl.fma(widen_byte_weights(w, W_KIND), x[None, :], -(x + x * 0.00390625)[None, :])
+            else:
+                prod = widen_byte_weights(w, W_KIND) * x[None, :]
             if REDUCE_LATE:
                 acc2 += prod
             else:
                 acc += tl.sum(prod, axis=1)
         if REDUCE_LATE:
             acc = tl.sum(acc2, axis=1)
-        if W_KIND == 4:  # sum x * (1 + u * 2^-15) -> sum x * (u - 128)
-            sx = tl.sum(x_sum, axis=0)
-            acc = (acc - sx) * 32768.0 - 128.0 * sx
+        if W_KIND == 4:
+            acc = acc * 32768.0
         acc = acc * tl.load(s_ptr + offs_n, mask=row_ok, other=0.0)
         offs_m = tl.arange(0, 1)
         splitk_finish(tl.reshape(acc, (1, BLOCK_N)), y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, 1, N, N,

@@ -1,10 +1,10 @@
 """The CUDA C++ decode GEMV for AutoAWQ int4 weights (``csrc/awq_gemv.cu``), M = 1..4, compiled on first use.
 
 Launch plan: each thread owns ``words`` packed int32 columns-of-8 of every K row of its split of ``rows_per_split``
-rows (any multiple of 16: a split may end inside a quantization group); ``gemv_plan`` picks them so the grid has at
-least 4 blocks of 128 threads per SM and each thread walks as few rows as that allows (the walk is latency-bound).
-Splits add into a zeroed fp32 ``[4, N]`` buffer kept per weight (the kernel leaves it zeroed), with one arrival counter
-per column block: allocated at the first eager call, so a CUDA graph captured later reuses them.
+rows (any multiple of 16: a split may end inside a quantization group); ``gemv_plan`` picks the longest split that
+still gives every SM at least 4 blocks of 128 threads. Splits add into a zeroed fp32 ``[4, N]`` buffer with one
+arrival counter per column block (the kernel leaves both zeroed); they hang on the weight tensor itself, created at
+its first eager call, so a CUDA graph captured later reuses them and they are freed with the weight.
 Torch twin: :func:`nanocore_awq.kernels.awq_linear_torch`.
 """
 from __future__ import annotations
@@ -23,24 +23,24 @@ LIBRARY = "nanocore_awq_gemv"
 GEMV_MAX_M = 4
 _THREADS = 128  # kThreads in the .cu
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
+_WORKSPACE = "_nanocore_awq_gemv_workspace"  # attribute of the qweight tensor: (sums, counters)
 _reasons: dict[tuple, str | None] = {}  # (device capability) -> why the GEMV cannot run there, or None
-_workspaces: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (device, weight address) -> (sums, counters)
-_retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # replaced workspaces a captured graph may still use
 
 
 @dataclass(frozen=True)
 class GemvPlan:
-    words: int           # packed int32 words per thread (8 output columns each)
+    words: int           # packed int32 words per thread (8 output columns each): 1, 2 or 4, words * M <= 4
     rows_per_split: int  # K rows per split (blockIdx.y), a multiple of 16
 
 
+@functools.cache
 def _library(capability: tuple[int, int]) -> ctypes.CDLL:
     lib = load_cuda_library(LIBRARY, SOURCES, arch_flags(capability))
-    fn = lib.nanocore_awq_gemv
-    if fn.restype is not ctypes.c_int or not fn.argtypes:
-        p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
-        fn.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p, p, i, i, i, i, i, p]
-        fn.restype = ctypes.c_int
+    p, i, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64
+    lib.nanocore_awq_gemv.argtypes = [i, i, i, p, i64, p, p, p, p, p, i64, p, p, i, i, i, i, i, p]
+    lib.nanocore_awq_gemv.restype = i
+    lib.nanocore_awq_error_string.argtypes = [i]
+    lib.nanocore_awq_error_string.restype = ctypes.c_char_p
     return lib
 
 
@@ -56,18 +56,23 @@ def gemv_reason(device: torch.device) -> str | None:
             try:
                 _library(capability)
                 _reasons[capability] = None
-            except (CudaBuildError, OSError) as exc:
+            except (CudaBuildError, OSError, AttributeError) as exc:
                 _reasons[capability] = str(exc)
     return _reasons[capability]
 
 
-def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, bias) -> bool:
-    """Whether these operands are ones the kernel takes (else the caller runs the Triton kernels)."""
-    return (1 <= m <= GEMV_MAX_M and x.dtype in _DTYPES and scales.dtype == x.dtype
-            and (bias is None or bias.dtype == x.dtype) and qweight.is_contiguous() and scales.is_contiguous())
+def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
+              bias) -> bool:
+    """Whether these operands are ones the kernel takes (else the caller runs the Triton kernels): M <= 4, fp16 /
+    bf16 throughout, contiguous tensors, K and the group size multiples of 16 (the kernel walks 16 rows at a time)."""
+    k, groups = qweight.shape[0], scales.shape[0]
+    return (1 <= m <= GEMV_MAX_M and x.dtype in _DTYPES and scales.dtype == x.dtype and groups > 0
+            and k % groups == 0 and (k // groups) % 16 == 0 and k % 16 == 0
+            and all(t.is_contiguous() for t in (qweight, qzeros, scales))
+            and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous())))
 
 
-def gemv_plan(m: int, n: int, k: int, group_size: int, sms: int) -> GemvPlan:
+def gemv_plan(n: int, k: int, sms: int) -> GemvPlan:
     """One word per thread and the longest split (<= 1,024 rows, >= 64) that still gives >= 4 blocks per SM: fewer
     split sums, yet enough rows in flight on every SM. On the H200 (awq_gemv_tune.json, session 9) 8- and 16-byte
     loads were slower at every M and shape, and 32-row splits slower than 64 except o_proj at M = 1 (by 1 us)."""
@@ -83,41 +88,43 @@ def _sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _workspace(device: torch.device, qweight: torch.Tensor, n: int, grid_n: int):
-    """The zeroed fp32 sums ``[GEMV_MAX_M * n]`` and counters of this weight (the kernel leaves both zeroed)."""
-    key = (device, qweight.data_ptr())
-    found = _workspaces.get(key)
-    if found is None or found[0].numel() < GEMV_MAX_M * n or found[1].numel() < grid_n:
+def _workspace(qweight: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """This weight's zeroed fp32 sums ``[GEMV_MAX_M * n]`` and counters (one per column block of one word)."""
+    found = getattr(qweight, _WORKSPACE, None)
+    if found is None:
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("awq gemv: its split-K buffers must exist before CUDA-graph capture; run once eagerly")
-        if found is not None:
-            _retired.append(found)  # never freed: a captured graph may point at it
-        found = _workspaces[key] = (torch.zeros(GEMV_MAX_M * n, dtype=torch.float32, device=device),
-                                    torch.zeros(max(grid_n, n // 8), dtype=torch.int32, device=device))
+        found = (torch.zeros(GEMV_MAX_M * n, dtype=torch.float32, device=qweight.device),
+                 torch.zeros(-(-(n // 8) // _THREADS), dtype=torch.int32, device=qweight.device))
+        setattr(qweight, _WORKSPACE, found)
     return found
 
 
 def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
                   bias: torch.Tensor | None = None, plan: GemvPlan | None = None) -> torch.Tensor:
-    """``x2 [M, K]`` (M <= 4, fp16 / bf16, unit column stride) times the AWQ weight -> ``[M, N]``."""
+    """``x2 [M, K]`` (operands as ``gemv_fits`` accepts) times the AWQ weight -> ``[M, N]``."""
     (m, k), n = x2.shape, scales.shape[1]
-    group_size = k // scales.shape[0]
+    if not gemv_fits(m, x2, qweight, qzeros, scales, bias):
+        raise ValueError(f"awq gemv: M={m}, K={k}, {scales.shape[0]} groups, x {x2.dtype} / scales {scales.dtype} is "
+                         f"not a case the CUDA GEMV takes (M <= {GEMV_MAX_M}, fp16 / bf16, contiguous, K and group "
+                         f"size multiples of 16); use awq_linear_triton")
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    plan = plan or gemv_plan(m, n, k, group_size, _sms(x2.device))
-    words_per_row = n // 8
-    if words_per_row % plan.words or plan.words * m > 4 or plan.rows_per_split % 16 or k % 32:
-        raise ValueError(f"awq gemv: {plan} does not fit N = {n}, K = {k} at M = {m}")
+    plan = plan or gemv_plan(n, k, _sms(x2.device))
+    if plan.words not in (1, 2, 4) or (n // 8) % plan.words or plan.words * m > 4 or plan.rows_per_split % 16:
+        raise ValueError(f"awq gemv: {plan} does not fit N = {n} at M = {m} (words 1, 2 or 4 dividing N / 8, "
+                         f"words * M <= 4, rows a multiple of 16)")
     splits = -(-k // plan.rows_per_split)
-    grid_n = -(-words_per_row // (plan.words * _THREADS))
-    sums, counters = _workspace(x2.device, qweight, n, grid_n) if splits > 1 else (None, None)
+    sums, counters = _workspace(qweight, n) if splits > 1 else (None, None)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
     lib = _library(torch.cuda.get_device_capability(x2.device))
-    err = lib.nanocore_awq_gemv(
-        _DTYPES[x2.dtype], m, plan.words, x2.data_ptr(), x2.stride(0), qweight.data_ptr(), qzeros.data_ptr(),
-        scales.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), y.stride(0),
-        sums.data_ptr() if sums is not None else None, counters.data_ptr() if counters is not None else None,
-        n, k, group_size, splits, plan.rows_per_split, torch.cuda.current_stream(x2.device).cuda_stream)
+    with torch.cuda.device(x2.device):  # ctypes launches into the current device's context
+        err = lib.nanocore_awq_gemv(
+            _DTYPES[x2.dtype], m, plan.words, x2.data_ptr(), x2.stride(0), qweight.data_ptr(), qzeros.data_ptr(),
+            scales.data_ptr(), bias.data_ptr() if bias is not None else None, y.data_ptr(), y.stride(0),
+            sums.data_ptr() if sums is not None else None, counters.data_ptr() if counters is not None else None,
+            n, k, k // scales.shape[0], splits, plan.rows_per_split, torch.cuda.current_stream(x2.device).cuda_stream)
     if err:
-        raise RuntimeError(f"awq gemv: launch failed (CUDA error {err}) for M={m}, N={n}, K={k}, {plan}")
+        raise RuntimeError(f"awq gemv: launch failed ({lib.nanocore_awq_error_string(err).decode()}) for M={m}, "
+                           f"N={n}, K={k}, {plan}")
     return y

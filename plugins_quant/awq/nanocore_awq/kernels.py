@@ -62,7 +62,7 @@ def awq_linear_gpu(x, qweight, qzeros, scales, bias=None, require_gemv: bool = F
     """M <= 4 (fp16 / bf16): the CUDA C++ GEMV (``gemv_cuda``); larger M, float32, or where the GEMV cannot be built
     (warned once; an error with ``require_gemv``): the Triton kernels."""
     x2, lead = gemm_input_rows(x, qweight.shape[0], "the AWQ weight")
-    if gemv_fits(x2.shape[0], x2, qweight, scales, bias):
+    if gemv_fits(x2.shape[0], x2, qweight, qzeros, scales, bias):
         reason = gemv_reason(x.device)
         if reason is None:
             return awq_gemv_cuda(x2, qweight, qzeros, scales, bias).reshape(*lead, scales.shape[1])

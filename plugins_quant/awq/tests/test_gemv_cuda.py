@@ -68,15 +68,15 @@ def test_plan_fills_the_gpu_and_keeps_loads_aligned():
     # Qwen2.5-7B at M = 1..4 on 132 SMs: >= 4 blocks per SM (or the shortest split), words dividing the row
     for n, k in [(4608, 3584), (3584, 3584), (37888, 3584), (3584, 18944)]:
         for m in range(1, GEMV_MAX_M + 1):
-            plan = gemv_plan(m, n, k, 128, 132)
+            plan = gemv_plan(n, k, 132)
             assert (n // 8) % plan.words == 0 and plan.words * m <= 4 and plan.rows_per_split % 16 == 0
             blocks = -(-(n // 8) // (plan.words * 128)) * -(-k // plan.rows_per_split)
             assert blocks >= 4 * 132 or plan.rows_per_split == 64
             assert plan.rows_per_split == 1024 or blocks < 8 * 132  # and no shorter than that needs
     # the H200 sweep's best (or within 3%) for these shapes at M = 1
-    assert gemv_plan(1, 37888, 3584, 128, 132) == GemvPlan(1, 128)
-    assert gemv_plan(1, 4608, 3584, 128, 132) == GemvPlan(1, 64)  # narrow rows: short splits, many blocks
-    assert gemv_plan(1, 37888, 3584, 128, 8).rows_per_split == 1024  # few SMs: long splits, few split sums
+    assert gemv_plan(37888, 3584, 132) == GemvPlan(1, 128)
+    assert gemv_plan(4608, 3584, 132) == GemvPlan(1, 64)  # narrow rows: short splits, many blocks
+    assert gemv_plan(37888, 3584, 8).rows_per_split == 1024  # few SMs: long splits, few split sums
 
 
 @pytest.mark.skipif(nvcc_path() is None, reason="needs nvcc (the CUDA toolkit) to compile the kernel")

@@ -109,6 +109,21 @@ __device__ __forceinline__ void close_group(Tile<M, WORDS>& t, const uint32_t* q
   for (int m = 0; m < M; ++m) t.sx[m] = 0.f;
 }
 
+// y[m, 8 * (word0 + j) + c] = out[m][j][c] (+ bias), columns in natural order.
+template <typename T, int M, int WORDS>
+__device__ __forceinline__ void store_columns(T* y, int64_t ldy, const T* bias, int word0,
+                                              const float (&out)[M][WORDS][8]) {
+#pragma unroll
+  for (int m = 0; m < M; ++m)
+#pragma unroll
+    for (int j = 0; j < WORDS; ++j)
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int col = 8 * (word0 + j) + c;
+        store(&y[m * ldy + col], out[m][j][c] + (bias ? to_float(bias[col]) : 0.f));
+      }
+}
+
 __device__ __forceinline__ void add_to(float* p, const float (&v)[8]) {  // 8 consecutive fp32, 32-byte aligned
 #if __CUDA_ARCH__ >= 900
   atomicAdd(reinterpret_cast<float4*>(p), make_float4(v[0], v[1], v[2], v[3]));
@@ -174,16 +189,7 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(
 #pragma unroll
       for (int i = 0; i < 8; ++i) out[m][j][kColumn[i]] = t.total[m][8 * j + i];
   if (gridDim.y == 1) {
-    if (!active) return;
-#pragma unroll
-    for (int m = 0; m < M; ++m)
-#pragma unroll
-      for (int j = 0; j < WORDS; ++j)
-#pragma unroll
-        for (int c = 0; c < 8; ++c) {
-          const int col = 8 * (word0 + j) + c;
-          store(&y[m * ldy + col], out[m][j][c] + (bias ? to_float(bias[col]) : 0.f));
-        }
+    if (active) store_columns<T, M, WORDS>(y, ldy, bias, word0, out);
     return;
   }
   if (active) {
@@ -201,20 +207,18 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(
   __threadfence();
   if (threadIdx.x == 0) counters[blockIdx.x] = 0;  // ready for the next launch (and graph replay)
   if (!active) return;
+  float total[M][WORDS][8];  // all splits' sums
 #pragma unroll
   for (int m = 0; m < M; ++m)
 #pragma unroll
     for (int j = 0; j < WORDS; ++j) {
       float4* p = reinterpret_cast<float4*>(&accum[(int64_t)m * n + 8 * (word0 + j)]);
       const float4 lo4 = __ldcg(p), hi4 = __ldcg(p + 1);
-      const float sum[8] = {lo4.x, lo4.y, lo4.z, lo4.w, hi4.x, hi4.y, hi4.z, hi4.w};
+      total[m][j][0] = lo4.x, total[m][j][1] = lo4.y, total[m][j][2] = lo4.z, total[m][j][3] = lo4.w;
+      total[m][j][4] = hi4.x, total[m][j][5] = hi4.y, total[m][j][6] = hi4.z, total[m][j][7] = hi4.w;
       p[0] = p[1] = make_float4(0.f, 0.f, 0.f, 0.f);  // zero again for the next launch
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int col = 8 * (word0 + j) + c;
-        store(&y[m * ldy + col], sum[c] + (bias ? to_float(bias[col]) : 0.f));
-      }
     }
+  store_columns<T, M, WORDS>(y, ldy, bias, word0, total);
 }
 
 template <typename T, int M, int WORDS>
@@ -269,9 +273,15 @@ int launch_m(int m, int words, const void* x, int64_t ldx, const void* qweight, 
 
 }  // namespace
 
+// The message of a value nanocore_awq_gemv returned.
+extern "C" const char* nanocore_awq_error_string(int err) {
+  return err == -1 ? "unsupported dtype or (m, words) pair" : cudaGetErrorString(static_cast<cudaError_t>(err));
+}
+
 // C entry point (ctypes). dtype: 0 = float16, 1 = bfloat16. Returns a cudaError_t, or -1 for an unsupported
 // (m, words) pair. With splits > 1, sums is a zeroed fp32 [m, n] buffer (left zeroed) and counters int32 zeros
-// (one per column block, left at zero); both may be null when splits == 1. group_size is a multiple of 32.
+// (one per column block, left at zero); both may be null when splits == 1. k, group_size and rows_per_split are
+// multiples of 16.
 extern "C" int nanocore_awq_gemv(int dtype, int m, int words, const void* x, int64_t ldx, const void* qweight,
                                  const void* qzeros, const void* scales, const void* bias, void* y, int64_t ldy,
                                  float* sums, int* counters, int n, int k, int group_size, int splits,
