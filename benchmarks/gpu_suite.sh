@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, next session's s10a / s10b, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -351,6 +351,39 @@ s9f)  # session 9's last call (~150 s): the review's mends on the GPU: awq cuda 
     >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack
   timeout 45 $N bench linear --device cuda --methods unquantized,int8_w8a16,awq --ms 1 --json $o/bench_linear_s9f.json \
     >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -5 $o/bench_linear.log; pack ;;
+s10a)  # next session first (~560 s): the cuda tests session 9 left unrun: test_kernels_attention_cuda.py in two halves
+  # (one 210 s step ran 98 of ~146 in s9a), test_kernels_attention.py, test_kernel_warmup_gpu.py; logs in OUTDIR/s10a.tgz
+  o=/tmp/s10a; mkdir -p $o; pack() { tar -czf "$out/s10a.tgz" -C $o . ; }
+  f=tests/test_kernels_attention_cuda.py
+  python3 -m pytest -q -m cuda --collect-only $f 2>/dev/null | grep "::" >$o/ids.txt
+  half=$(( ($(wc -l <$o/ids.txt) + 1) / 2 ))
+  for part in 1 2; do
+    if [ $part = 1 ]; then ids=$(head -n $half $o/ids.txt); else ids=$(tail -n +$((half + 1)) $o/ids.txt); fi
+    timeout 200 python3 -m pytest -q -m cuda -rf --tb=short $ids >$o/attention_cuda_$part.log 2>&1
+    echo "attention cuda part $part exit $?"; tail -2 $o/attention_cuda_$part.log; pack
+  done
+  for spec in tests/test_kernels_attention.py:80 tests/test_kernel_warmup_gpu.py:60; do
+    f=${spec%:*}; timeout ${spec#*:} python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
+    echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
+  done ;;
+s10b)  # issue 16 end to end (~520 s): 7B batch-1 latency with the final awq plan, batch-8 and batch-32 decode through
+  # `bench throughput` (prompts 128, outputs 256: decode-dominated), prefill 4 x 4,096 for the W8A8 methods
+  o=/tmp/s10b; mkdir -p $o; pack() { tar -czf "$out/s10b.tgz" -C $o . ; }
+  for m in unquantized awq int8_w8a16 fp8_w8a16; do
+    timeout 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
+      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -1 $o/latency_$m.log
+    for b in 8 32; do
+      timeout 45 $N bench throughput $Q7 --max-model-len 1024 --max-num-seqs $b --num-seqs $b --min-len 128 \
+        --max-len 128 --min-output-len 256 --max-output-len 256 --linear-method $m \
+        --json $o/decode_b${b}_qwen2.5_7b_$m.json >$o/decode_b${b}_$m.log 2>&1
+      echo "decode batch $b $m exit $?"; tail -1 $o/decode_b${b}_$m.log
+    done; pack
+  done
+  for m in unquantized cutlass int8_w8a8 fp8_w8a8; do
+    timeout 45 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+    pack
+  done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
