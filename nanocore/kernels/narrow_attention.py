@@ -12,13 +12,11 @@ first, so the fp16 probabilities stay in [0, 1] whatever the scales' range.
 """
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
-from nanocore.kernels.device import converts_fp8
+from nanocore.kernels.device import converts_fp8, interpreting
 from nanocore.kernels.narrow_convert import FP8_BITS_UNIT, _words_to_f16, narrow_to_f16
 
 
@@ -174,7 +172,7 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
                                    and sc.stride(0) == sc.shape[1] * groups))
     if not ok:
         return off
-    interpret = os.environ.get("TRITON_INTERPRET") == "1" or not q.is_cuda
+    interpret = interpreting(q.device)
     # "_vw": V as int32 words, "_kvw": K too (head_dim and K's scale groups in whole words)
     words = {"_vw": 1, "_kvw": 2}.get(path[path.rfind("_"):], 0) if head_dim % 4 == 0 else 0
     words = 1 if words == 2 and codes[0] == 2 and k_group % 4 else words

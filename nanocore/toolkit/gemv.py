@@ -16,9 +16,9 @@ Torch reference: :func:`nanocore.toolkit.gemm.weight_only_linear_torch`.
 """
 from __future__ import annotations
 
-import os
-
 import torch
+
+from nanocore.kernels.device import interpreting
 
 try:
     import triton
@@ -53,7 +53,7 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
         w_kind = W_INT8_CVT
     elif w_kind == W_INT8:
         w = w.view(torch.uint8)  # zero-extended bytes: the exponent trick needs no sign extension or mask
-        if cfg.int8_prmt and not _interpreting(x2.device):
+        if cfg.int8_prmt and not interpreting(x2.device):  # inline PTX needs a real GPU
             w_kind = W_INT8_PRMT
     elif w_kind == W_FP8:
         w = w.view(torch.uint8)  # a masked tail load needs an integer 'other' (Triton cannot cast 0 to fp8)
@@ -69,11 +69,6 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
         n, k, k_per_split, w.stride(0), HAS_BIAS=bias is not None, W_KIND=w_kind,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0,
         REDUCE_LATE=cfg.reduce_late, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-
-def _interpreting(device: torch.device) -> bool:
-    """Inline PTX needs a real GPU: not the CPU, not the Triton interpreter."""
-    return device.type != "cuda" or os.environ.get("TRITON_INTERPRET") == "1"
 
 
 def _sms(device: torch.device) -> int:
