@@ -5,7 +5,9 @@ A plugin ships ``.cu`` sources whose kernels are launched from ``extern "C"`` fu
 torch kernel). :func:`load_cuda_library` compiles them with ``nvcc`` alone (no torch headers, no ninja: seconds,
 not minutes) into ``$NANOCORE_CACHE_DIR/cuda/<name>-<key>/`` keyed by the sources, the flags and the compiler, so
 later processes load the cached library at once. A failed build leaves ``FAILED`` and ``build.log`` there and
-:func:`cached_failure` reports it instead of compiling again (delete the folder to retry).
+:func:`cached_failure` reports it instead of compiling again (delete the folder to retry). A plugin with its own
+build (e.g. torch's extension builder) keeps the same convention with :func:`record_failure`,
+:func:`recorded_failure` and :func:`compiler_identity`.
 """
 from __future__ import annotations
 
@@ -52,21 +54,42 @@ def arch_flags(capability: tuple[int, int]) -> list[str]:
     return [f"-gencode=arch=compute_{major}{minor},code=sm_{major}{minor}"]
 
 
+def compiler_identity(path: str | None) -> tuple:
+    """(path, size, mtime) of a compiler, for cache keys: a new toolkit gets a new key (and no stale failure)."""
+    if path is None:
+        return ()
+    stat = Path(path).stat()
+    return path, stat.st_size, int(stat.st_mtime)
+
+
 def build_folder(name: str, sources: list[Path], flags: list[str]) -> Path:
     """Where the library of these sources and flags is cached (the key hashes sources, flags and the compiler)."""
     digest = hashlib.sha256()
     for source in sources:
         digest.update(source.name.encode() + source.read_bytes())
-    nvcc = nvcc_path()
-    identity = (nvcc, os.stat(nvcc).st_size, int(os.stat(nvcc).st_mtime)) if nvcc else ()
-    digest.update(repr((flags, identity)).encode())
+    digest.update(repr((flags, compiler_identity(nvcc_path()))).encode())
     return cache_dir() / "cuda" / f"{name}-{digest.hexdigest()[:16]}"
+
+
+def recorded_failure(folder: Path) -> str | None:
+    """The message a failed build left in ``folder`` (its ``FAILED`` marker), or None."""
+    marker = folder / "FAILED"
+    return marker.read_text() if marker.is_file() else None
+
+
+def record_failure(folder: Path, what: str, compiler_output: str) -> str:
+    """Keep a rejected build's output in ``folder/build.log`` and mark the folder ``FAILED`` (so later processes
+    report it instead of compiling again); returns the message, which names the log and how to retry."""
+    log = folder / "build.log"
+    log.write_text(compiler_output)
+    message = f"{what}; compiler output in {log}. Delete {folder} to retry after fixing it."
+    (folder / "FAILED").write_text(message)
+    return message
 
 
 def cached_failure(name: str, sources: list[Path], flags: list[str]) -> str | None:
     """The reason an earlier build of exactly these sources and flags failed, or None."""
-    marker = build_folder(name, sources, flags) / "FAILED"
-    return marker.read_text() if marker.is_file() else None
+    return recorded_failure(build_folder(name, sources, flags))
 
 
 def load_cuda_library(name: str, sources: list[Path], flags: list[str], timeout_s: float = 600) -> ctypes.CDLL:
@@ -101,10 +124,6 @@ def _compile(name: str, sources: list[Path], flags: list[str], folder: Path, lib
         raise CudaBuildError(f"{name}: nvcc did not run to the end ({exc}); it is tried again next time") from exc
     if done.returncode != 0:  # the compiler rejected the sources: remembered, not retried
         partial.unlink(missing_ok=True)
-        log = folder / "build.log"
-        log.write_text(" ".join(command) + "\n" + done.stdout + done.stderr)
-        message = (f"{name}: compiling its CUDA kernels failed; compiler output in {log}. Delete {folder} to retry "
-                   f"after fixing it.")
-        (folder / "FAILED").write_text(message)
-        raise CudaBuildError(message)
+        raise CudaBuildError(record_failure(folder, f"{name}: compiling its CUDA kernels failed",
+                                            " ".join(command) + "\n" + done.stdout + done.stderr))
     os.replace(partial, library)

@@ -19,6 +19,7 @@ from types import ModuleType
 
 import torch
 
+from nanocore.toolkit.cuda_library import compiler_identity, record_failure, recorded_failure
 from nanocore.toolkit.paths import cache_dir
 
 CSRC = Path(__file__).resolve().parent / "csrc"
@@ -107,20 +108,13 @@ def build_key(include_dirs: list[Path]) -> str:
     for name in sorted(p.name for p in CSRC.iterdir() if p.is_file()):
         digest.update(name.encode() + (CSRC / name).read_bytes())
     for part in (CUDA_FLAGS, CXX_FLAGS, torch.__version__, torch.version.cuda, [str(d) for d in include_dirs],
-                 _file_identity(nvcc_path())):
+                 compiler_identity(nvcc_path())):
         digest.update(repr(part).encode())
     for directory in include_dirs:
         version_h = Path(directory) / "cutlass" / "version.h"
         if version_h.is_file():
             digest.update(version_h.read_bytes())
     return digest.hexdigest()[:16]
-
-
-def _file_identity(path: str | None) -> tuple:
-    if path is None:
-        return ()
-    stat = Path(path).stat()
-    return path, stat.st_size, int(stat.st_mtime)
 
 
 def build_dir() -> Path | None:
@@ -131,8 +125,7 @@ def build_dir() -> Path | None:
 def cached_failure() -> str | None:
     """The reason a previous build of these exact sources failed (kept in the cache), or None."""
     directory = build_dir()
-    marker = directory / "FAILED" if directory else None
-    return marker.read_text() if marker is not None and marker.is_file() else None
+    return recorded_failure(directory) if directory else None
 
 
 def load_extension(verbose: bool = False) -> ModuleType:
@@ -156,11 +149,8 @@ def load_extension(verbose: bool = False) -> ModuleType:
                       extra_include_paths=[str(CSRC)] + [str(d) for d in dirs], extra_cflags=CXX_FLAGS,
                       extra_cuda_cflags=CUDA_FLAGS, build_directory=str(directory), verbose=verbose)
     except Exception as exc:  # the compiler's output is in the exception: keep it next to the build
-        log = directory / "build.log"
-        log.write_text(f"{type(exc).__name__}: {exc}\n")
-        message = (f"cutlass: compiling the CUTLASS kernel failed ({type(exc).__name__}); compiler output in {log}. "
-                   f"Delete {directory} to retry after fixing it.")
-        (directory / "FAILED").write_text(message)
+        message = record_failure(directory, f"cutlass: compiling the CUTLASS kernel failed ({type(exc).__name__})",
+                                 f"{type(exc).__name__}: {exc}\n")
         raise CutlassBuildError(message) from exc
     _loaded[key] = module
     return module
