@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, next session's s10a / s10b, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, next session's s10a / s10b / s10c, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -19,6 +19,11 @@ Q06="--model dummy:Qwen3-0.6B --device cuda --dtype bfloat16"
 Q7="--model dummy:Qwen2.5-7B --device cuda --dtype bfloat16"
 MOE="--model dummy:Qwen1.5-MoE-A2.7B --device cuda --dtype bfloat16"
 step() { local t=$1; shift; echo "== $*"; timeout "$t" "$@" 2>&1 | tail -"${TAIL:-6}"; }
+# 7B batch-1 latency per linear method into $o (JSON + log each, tarred by the section's pack): lat7 LIMIT_S METHOD...
+lat7() { local t=$1 m; shift; for m in "$@"; do
+  timeout "$t" $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
+    --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log
+  pack; done; }
 
 for s in $sections; do case $s in
 tests)
@@ -310,11 +315,7 @@ s9b)  # session 9, issue 16: the AWQ CUDA GEMV and the int8 byte-permute GEMV: c
   timeout 110 python3 plugins_quant/awq_gemv_tune_gpu.py $o >$o/tune.log 2>&1; echo "tune exit $?"; tail -5 $o/tune.log; pack
   timeout 80 $N bench linear --device cuda --methods unquantized,fp8_w8a16,int8_w8a16,awq --ms 1,4,16 \
     --json $o/bench_linear_s9b.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -16 $o/bench_linear.log; pack
-  for m in unquantized awq; do
-    timeout 70 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
-      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -3 $o/latency_$m.log
-    pack
-  done ;;
+  lat7 70 unquantized awq ;;
 s9c)  # session 9, issue 16: the AWQ GEMV with batched loads and atomic split sums: its cuda tests, plan sweep, bench
   # linear, 7B batch-1 latency bf16 / awq / int8_w8a16 (<= 420 s; tarred into OUTDIR/s9c.tgz)
   o=/tmp/s9c; mkdir -p $o; pack() { tar -czf "$out/s9c.tgz" -C $o . ; }
@@ -323,11 +324,7 @@ s9c)  # session 9, issue 16: the AWQ GEMV with batched loads and atomic split su
   timeout 90 python3 plugins_quant/awq_gemv_tune_gpu.py $o >$o/tune.log 2>&1; echo "tune exit $?"; tail -5 $o/tune.log; pack
   timeout 60 $N bench linear --device cuda --methods unquantized,int8_w8a16,awq --ms 1,4 \
     --json $o/bench_linear_s9c.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -9 $o/bench_linear.log; pack
-  for m in unquantized awq int8_w8a16; do
-    timeout 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
-      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log
-    pack
-  done ;;
+  lat7 55 unquantized awq int8_w8a16 ;;
 s9d)  # session 9, issue 16: the AWQ GEMV with splits of any 16 rows and no out-of-row reads: memcheck of one case,
   # cuda tests, plan sweep, bench linear, 7B batch-1 latency bf16 / awq / fp8_w8a16 (<= 480 s; OUTDIR/s9d.tgz)
   o=/tmp/s9d; mkdir -p $o; pack() { tar -czf "$out/s9d.tgz" -C $o . ; }
@@ -339,11 +336,7 @@ s9d)  # session 9, issue 16: the AWQ GEMV with splits of any 16 rows and no out-
   timeout 100 python3 plugins_quant/awq_gemv_tune_gpu.py $o >$o/tune.log 2>&1; echo "tune exit $?"; cat $o/tune.log; pack
   timeout 70 $N bench linear --device cuda --methods unquantized,fp8_w8a16,int8_w8a16,awq --ms 1,4,16 \
     --json $o/bench_linear_s9d.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -15 $o/bench_linear.log; pack
-  for m in unquantized awq fp8_w8a16; do
-    timeout 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
-      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log
-    pack
-  done ;;
+  lat7 50 unquantized awq fp8_w8a16 ;;
 s9f)  # session 9's last call (~150 s): the review's mends on the GPU: awq cuda tests (workspace on the weight, error
   # strings, stricter fits), the int8 fma offset and its one-signed-activation test, bench linear M = 1
   o=/tmp/s9f; mkdir -p $o; pack() { tar -czf "$out/s9f.tgz" -C $o . ; }
@@ -366,23 +359,24 @@ s10a)  # next session first (~560 s): the cuda tests session 9 left unrun: test_
     f=${spec%:*}; timeout ${spec#*:} python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
     echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
   done ;;
-s10b)  # issue 16 end to end (~520 s): 7B batch-1 latency with the final awq plan, batch-8 and batch-32 decode through
-  # `bench throughput` (prompts 128, outputs 256: decode-dominated), prefill 4 x 4,096 for the W8A8 methods
+s10b)  # issue 16 end to end (<= 400 s): 7B batch-1 latency with the final awq plan, prefill 4 x 4,096 (W8A8 methods)
   o=/tmp/s10b; mkdir -p $o; pack() { tar -czf "$out/s10b.tgz" -C $o . ; }
+  lat7 50 unquantized awq int8_w8a16 fp8_w8a16
+  for m in unquantized cutlass int8_w8a8 fp8_w8a8; do
+    timeout 45 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+    pack
+  done ;;
+s10c)  # issue 16 batch-8 and batch-32 decode through `bench throughput` (prompts 128, outputs 256: decode-dominated),
+  # weight-only methods vs bf16 (<= 380 s)
+  o=/tmp/s10c; mkdir -p $o; pack() { tar -czf "$out/s10c.tgz" -C $o . ; }
   for m in unquantized awq int8_w8a16 fp8_w8a16; do
-    timeout 50 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
-      --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -1 $o/latency_$m.log
     for b in 8 32; do
       timeout 45 $N bench throughput $Q7 --max-model-len 1024 --max-num-seqs $b --num-seqs $b --min-len 128 \
         --max-len 128 --min-output-len 256 --max-output-len 256 --linear-method $m \
         --json $o/decode_b${b}_qwen2.5_7b_$m.json >$o/decode_b${b}_$m.log 2>&1
       echo "decode batch $b $m exit $?"; tail -1 $o/decode_b${b}_$m.log
     done; pack
-  done
-  for m in unquantized cutlass int8_w8a8 fp8_w8a8; do
-    timeout 45 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
-      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
-    pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
