@@ -17,10 +17,11 @@ import torch.nn.functional as F
 from nanocore_awq.gemv_cuda import GemvPlan, awq_gemv_cuda, gemv_plan, gemv_reason
 from nanocore_awq.kernels import awq_linear_torch, awq_linear_triton
 
+from nanocore.bench.linear import SHAPES as LAYER_SHAPES
 from nanocore.toolkit.numerics import awq_pack
 from nanocore.toolkit.timing import graph_time_ms
 
-SHAPES = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584), "down_proj": (3584, 18944)}
+SHAPES = LAYER_SHAPES["qwen2.5-7b"]  # the four linears of one Qwen2.5-7B layer, as `bench linear` runs them
 PLANS = [GemvPlan(w, r) for w in (1, 2, 4) for r in (32, 64, 128, 256, 512)]
 
 

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from nanocore_awq.kernels import awq_default_config, awq_linear_torch, awq_linear_triton
 
+from nanocore.bench.linear import SHAPES as LAYER_SHAPES
 from nanocore.toolkit.gemm import (
     GemmConfig,
     default_config,
@@ -34,7 +35,7 @@ from nanocore.toolkit.numerics import (
 )
 from nanocore.toolkit.timing import graph_time_ms
 
-SHAPES = {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584), "down_proj": (3584, 18944)}
+SHAPES = LAYER_SHAPES["qwen2.5-7b"]  # the four linears of one Qwen2.5-7B layer, as `bench linear` runs them
 S = GemmConfig
 #: M = 1 on the CUDA cores (nanocore.toolkit.gemv): tile rows x K, late or per-tile reduction, split-K, warps, stages
 #: (BLOCK_K 1024 failed to compile for native fp8 with Triton 3.6 on the H200: left out)
