@@ -359,16 +359,20 @@ s10a)  # next session first (~560 s): the cuda tests session 9 left unrun: test_
     f=${spec%:*}; timeout ${spec#*:} python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
     echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
   done ;;
-s10b)  # issue 16 end to end (<= 400 s): 7B batch-1 latency with the final awq plan, prefill 4 x 4,096 (W8A8 methods)
+s10b)  # issue 16 (<= 560 s): ncu of the decode kernels the missed targets run (AWQ CUDA GEMV at qkv / gate_up / down,
+  # AWQ Triton at M = 16, int8 GEMV, fp8 default at M = 16), then 7B batch-1 latency with the final awq plan
   o=/tmp/s10b; mkdir -p $o; pack() { tar -czf "$out/s10b.tgz" -C $o . ; }
-  lat7 50 unquantized awq int8_w8a16 fp8_w8a16
-  for m in unquantized cutlass int8_w8a8 fp8_w8a8; do
-    timeout 45 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
-      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+  NCU="ncu --clock-control none --section SpeedOfLight --section Occupancy --section WarpStateStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section SchedulerStats --launch-skip 3 --launch-count 1"
+  for k in awq_cuda:awq_gemv_kernel awq_cuda_qkv:awq_gemv_kernel awq_cuda_down:awq_gemv_kernel \
+           awq_triton16:_awq_splitk int8_gemv:_gemv_kernel fp8_default16:_wo_splitk; do
+    timeout 45 $NCU -k "regex:${k##*:}" python3 plugins_quant/decode_probe_gpu.py kernel "${k%%:*}" >"$o/ncu_${k%%:*}.txt" 2>&1
+    echo "ncu ${k%%:*} exit $?"; grep -E "rel_err|DRAM Throughput|Duration|Registers Per|Achieved Occupancy" "$o/ncu_${k%%:*}.txt"
     pack
-  done ;;
-s10c)  # issue 16 batch-8 and batch-32 decode through `bench throughput` (prompts 128, outputs 256: decode-dominated),
-  # weight-only methods vs bf16 (<= 380 s)
+  done
+  lat7 50 unquantized awq int8_w8a16 ;;
+s10c)  # issue 16 (<= 560 s): batch-8 and batch-32 decode through `bench throughput` (prompts 128, outputs 256:
+  # decode-dominated), weight-only methods vs bf16, then prefill 4 x 4,096 (the W8A8 methods)
   o=/tmp/s10c; mkdir -p $o; pack() { tar -czf "$out/s10c.tgz" -C $o . ; }
   for m in unquantized awq int8_w8a16 fp8_w8a16; do
     for b in 8 32; do
@@ -377,6 +381,11 @@ s10c)  # issue 16 batch-8 and batch-32 decode through `bench throughput` (prompt
         --json $o/decode_b${b}_qwen2.5_7b_$m.json >$o/decode_b${b}_$m.log 2>&1
       echo "decode batch $b $m exit $?"; tail -1 $o/decode_b${b}_$m.log
     done; pack
+  done
+  for m in unquantized cutlass int8_w8a8 fp8_w8a8; do
+    timeout 40 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+    pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \

@@ -2,8 +2,9 @@
 
 ``python plugins_quant/decode_probe_gpu.py bandwidth OUT.json``: device-to-device copy (bytes read + written) and a
 read-only reduction over 4 GiB, CUDA-event medians. ``python plugins_quant/decode_probe_gpu.py kernel NAME``: builds
-the Qwen2.5-7B gate_up weight (37888 x 3584) for kernel NAME (see ``KERNELS``), checks it against its torch twin,
-then runs it 5 times (profile it with ``ncu -k regex:... --launch-skip 3 --launch-count 1``).
+a Qwen2.5-7B weight (gate_up 37888 x 3584 unless the name ends in ``_qkv`` or ``_down``) for kernel NAME (see
+``KERNELS``; M = 16 if the name ends in ``16``), checks it against its torch twin, then runs it 5 times (profile it
+with ``ncu -k regex:... --launch-skip 3 --launch-count 1``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import json
 import sys
 
 import torch
-from nanocore_awq.kernels import awq_linear_torch, awq_linear_triton
+from nanocore_awq.kernels import awq_linear_gpu, awq_linear_torch, awq_linear_triton
 
 from nanocore.toolkit.gemm import (
     GemmConfig,
@@ -25,14 +26,17 @@ from nanocore.toolkit.numerics import (
 )
 from nanocore.toolkit.timing import time_ms
 
-N, K = 37888, 3584
-#: name -> (weight format, config or None for the default)
+SHAPES = {"qkv": (4608, 3584), "down": (3584, 18944), "gate_up": (37888, 3584)}  # (N, K): nanocore.bench.linear
+#: name -> (weight format, config or None for the default; "cuda" for the AWQ CUDA GEMV)
 KERNELS = {
     "fp8_splitk_default": ("fp8", GemmConfig("splitk", 16, 32, 256)),  # the M = 1 default before
     "fp8_gemv": ("fp8", None),
     "int8_gemv": ("int8", None),
     "fp8_splitk16": ("fp8", GemmConfig("splitk", 16, 32, 256)),
     "awq_default": ("awq", GemmConfig("splitk", 1, 128, 128)),  # the M = 1 default before, AutoAWQ storage
+    "fp8_default16": ("fp8", None),
+    "awq_cuda": ("awq", "cuda"), "awq_cuda_qkv": ("awq", "cuda"), "awq_cuda_down": ("awq", "cuda"),
+    "awq_triton16": ("awq", None),
 }
 
 
@@ -48,10 +52,11 @@ def bandwidth() -> dict:
 
 def kernel(name: str) -> None:
     fmt, cfg = KERNELS[name]
+    n, k = SHAPES[name.rsplit("_", 1)[-1]] if name.endswith(("_qkv", "_down")) else SHAPES["gate_up"]
     torch.manual_seed(0)
-    w = torch.randn(N, K, device="cuda") / K ** 0.5
+    w = torch.randn(n, k, device="cuda") / k ** 0.5
     m = 16 if name.endswith("16") else 1
-    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
     if fmt in ("fp8", "int8"):
         q, s = (quantize_fp8_per_row if fmt == "fp8" else quantize_int8_per_row)(w)
         run, twin = (lambda: weight_only_linear(x, q, s, None, cfg)), weight_only_linear_torch(x.float(), q, s)
@@ -59,6 +64,8 @@ def kernel(name: str) -> None:
         p = awq_pack(w, 128, torch.bfloat16)
         twin = awq_linear_torch(x.float(), p["qweight"], p["qzeros"], p["scales"].float())
         def run():
+            if cfg == "cuda":
+                return awq_linear_gpu(x, **p, require_gemv=True)
             return awq_linear_triton(x, **p, config=cfg)
     err = float((run().float() - twin).abs().max() / twin.abs().max())
     for _ in range(5):
