@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
+from nanocore.toolkit.act_quant import quantize_per_token
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, fp8_weight_blocks, quantize_checkpoint_linears
 from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
@@ -167,7 +168,10 @@ class Fp8W8A8LinearMethod(_Fp8Base):
     def apply(self, layer, x, bias=None):
         n, k = layer.weight.shape
         x2, lead = gemm_input_rows(x, k, f"{self.name}'s layer")
-        xq, x_scale = quantize_fp8_activations(x2, layer.input_scale if self.activation_scheme == "static" else None)
+        if self.activation_scheme == "static":
+            xq, x_scale = quantize_fp8_activations(x2, layer.input_scale)
+        else:
+            xq, x_scale = quantize_per_token(x2, FP8_DTYPE)  # one Triton pass on a GPU
         x_scale = x_scale.contiguous()  # _scaled_mm's row-wise scales: a real [M, 1] tensor
         out_dtype = torch.bfloat16 if x.is_cuda else x.dtype  # CUDA row-wise scaling emits bf16 only
         weight, weight_scale = layer.weight, layer.weight_scale

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
+from nanocore.toolkit.act_quant import quantize_per_token
 from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
 from nanocore.toolkit.checkpoint import CheckpointFormatError, quantize_checkpoint_linears
 from nanocore.toolkit.checkpoint_support import int8_support
@@ -150,7 +151,7 @@ class Int8W8A8LinearMethod(_Int8Base):
             x_scale = layer.input_scale.view(1, 1)
             xq = quantize_int8(x2, x_scale)
         else:
-            xq, x_scale = quantize_int8_per_row(x2)
+            xq, x_scale = quantize_per_token(x2, torch.int8)  # one Triton pass on a GPU
         if self._triton_usable(x):  # int8 tensor cores with the scales and bias fused into the epilogue
             return int8_scaled_linear(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype).reshape(*lead, -1)
         acc = _int_gemm(xq, layer.weight)
