@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, next session's s10a / s10b / s10c, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, next session's s10a / s10b / s10c / s10d, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -384,6 +384,18 @@ s10c)  # issue 16 (<= 560 s): batch-8 and batch-32 decode through `bench through
   done
   for m in unquantized cutlass int8_w8a8 fp8_w8a8; do
     timeout 40 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+    pack
+  done ;;
+s10d)  # issue 16 item 2 (<= 400 s): the one-pass per-token activation quantization (toolkit.act_quant) on the GPU:
+  # its cuda tests and the W8A8 plugins', bench linear at prefill sizes, prefill 4 x 4,096 bf16 / int8_w8a8 / fp8_w8a8
+  o=/tmp/s10d; mkdir -p $o; pack() { tar -czf "$out/s10d.tgz" -C $o . ; }
+  timeout 100 python3 -m pytest -q -m cuda -rf --tb=short tests/test_act_quant.py plugins_quant/int8_w8a8 \
+    plugins_quant/fp8_w8a16 >$o/tests.log 2>&1; echo "tests exit $?"; tail -3 $o/tests.log; pack
+  timeout 90 $N bench linear --device cuda --methods unquantized,int8_w8a8,fp8_w8a8 --ms 256,1024,4096 \
+    --json $o/bench_linear_w8a8.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -12 $o/bench_linear.log; pack
+  for m in unquantized int8_w8a8 fp8_w8a8; do
+    timeout 45 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
       --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
     pack
   done ;;
