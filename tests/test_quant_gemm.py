@@ -19,7 +19,7 @@ interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
 
 @interpreter
 @pytest.mark.parametrize("m,n,k", [(1, 40, 72), (2, 33, 130), (5, 16, 64), (8, 24, 200), (9, 70, 100),
-                                   (40, 65, 96), (130, 48, 136)])
+                                   (24, 40, 264), (40, 65, 96), (130, 48, 136)])
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
 @pytest.mark.parametrize("with_bias", [False, True])
@@ -82,10 +82,10 @@ def test_split_k_counters_belong_to_one_weight():
 @pytest.mark.parametrize("kernel", ["weight_only", "awq"])
 def test_split_k_refuses_rows_beyond_decode_sizes(kernel):
     # its single row tile would outgrow shared memory (M=100 asked for 256 KiB on the H200): say so, do not launch
-    from nanocore.toolkit.gemm import DECODE_MAX_M, GemmConfig, weight_only_linear
+    from nanocore.toolkit.gemm import SPLITK_MAX_M, GemmConfig, weight_only_linear
     cfg = GemmConfig("splitk", 16, 32, 64)
-    x = torch.randn(DECODE_MAX_M + 1, 128)
-    with pytest.raises(ValueError, match="split-K decode kernel serves M <= 16"):
+    x = torch.randn(SPLITK_MAX_M + 1, 128)
+    with pytest.raises(ValueError, match="split-K decode kernel serves M <= 32"):
         if kernel == "awq":
             nanocore_awq = pytest.importorskip("nanocore_awq.kernels")
             packed = awq_pack(torch.randn(32, 128), 128)
@@ -128,3 +128,12 @@ def test_gemv_configs_match_torch_reference_in_interpreter(n, k, quantize, dtype
                 got = weight_only_linear(x, q, scale, bias, cfg).float()
             err = float((got - expected).abs().max() / expected.abs().max())
             assert err <= (1e-2 if dtype == torch.bfloat16 else 2e-3), (m, cfg, err)
+
+
+def test_weight_only_configs_keep_split_k_up_to_32_rows():
+    # one row tile streams each weight byte once; the tiled GEMM left most SMs idle at M = 32 (batch-32 decode)
+    from nanocore.toolkit.gemm_config import SPLITK_MAX_M, default_config, int8_int8_config, weight_only_config
+    assert [weight_only_config(m, 3584, 18944).kind for m in (1, 16, 17, 32, 33)] == \
+        ["gemv", "splitk", "splitk", "splitk", "tiled"]
+    assert SPLITK_MAX_M == 32 and default_config(32, 3584, 18944).kind == "tiled"  # block-scaled GEMMs keep it
+    assert int8_int8_config(32, 3584, 18944).kind == "tiled"  # the int8 x int8 path has no split-K kernel

@@ -27,7 +27,7 @@ module                          what it offers
 ``toolkit.gemm``                Triton GEMMs for per-channel fp8 / int8 weights (split-K decode GEMV, tiled GEMM),
                                 their torch reference, split-K helpers (``splitk_finish``); re-exports gemm_config
 ``toolkit.gemm_config``         launch configs: ``GemmConfig``, ``DECODE_MAX_M``, the per-shape ``default_config``
-                                and ``int8_int8_config``
+                                and ``int8_int8_config``; ``weight_only_config`` and ``SPLITK_MAX_M`` (since 1.4)
 ``toolkit.gemm_block``          Triton GEMM for one-byte weights with one scale per (row block, column block) tile
                                 (``block_scaled_linear``), its torch reference, blockwise dequantization
 ``toolkit.gemv``                the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the

@@ -3,8 +3,9 @@
 ``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``. Three kernels:
 
 * ``gemv`` (M = 1, the default there): CUDA-core GEMV in :mod:`nanocore.toolkit.gemv`.
-* ``splitk`` (decode, M <= ``DECODE_MAX_M``): each program streams ``BLOCK_N`` weight rows over one K slice
-  for all tokens, so even N = 3584 keeps every SM busy; the last slice to finish sums the fp32 partials
+* ``splitk`` (decode and small batches, M <= ``SPLITK_MAX_M``: the default config up to ``DECODE_MAX_M``,
+  weight-only GEMMs up to ``SPLITK_MAX_M``): each program streams ``BLOCK_N`` weight rows over one K slice for all
+  tokens, so even N = 3584 keeps every SM busy; the last slice to finish sums the fp32 partials
   (one launch, deterministic). M = 1..2 reduce with FMAs, larger M with ``tl.dot``.
 * ``tiled`` (prefill): grouped-order tiled GEMM; with int8 activations (``int8_w8a8``) an int8 ``tl.dot``.
 
@@ -24,9 +25,11 @@ import torch.nn.functional as F
 from nanocore.kernels.device import converts_fp8, sm_count
 from nanocore.toolkit.gemm_config import (
     DECODE_MAX_M,
+    SPLITK_MAX_M,
     GemmConfig,
     default_config,
     int8_int8_config,
+    weight_only_config,
 )
 
 try:
@@ -56,9 +59,9 @@ def gemm_input_rows(x: torch.Tensor, expected_k: int, what: str = "the weight") 
 
 
 def check_splitk_rows(m: int) -> None:
-    """The split-K kernels hold all M rows in one tile: beyond decode sizes that tile outgrows shared memory."""
-    if m > DECODE_MAX_M:
-        raise ValueError(f"the split-K decode kernel serves M <= {DECODE_MAX_M} rows, got M={m}: "
+    """The split-K kernels hold all M rows in one tile: beyond small batches that tile outgrows shared memory."""
+    if m > SPLITK_MAX_M:
+        raise ValueError(f"the split-K decode kernel serves M <= {SPLITK_MAX_M} rows, got M={m}: "
                          "use a 'tiled' config (or none: the default picks by M)")
 
 
@@ -101,7 +104,7 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
         return y.reshape(*lead, n)
-    cfg = config or default_config(m, n, k)
+    cfg = config or weight_only_config(m, n, k)
     w_kind, w = W_INT8, weight
     if weight.dtype == torch.float8_e4m3fn:
         native = converts_fp8(x.device) if cfg.fp8_native is None else cfg.fp8_native

@@ -37,14 +37,14 @@ def _interpreter_configs():
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 def test_kernel_variants_match_twin_in_triton_interpreter(m, n, k, quantize):
     from nanocore.toolkit import gemm as quant_gemm
-    from nanocore.toolkit.gemm import DECODE_MAX_M, weight_only_linear, weight_only_linear_torch
+    from nanocore.toolkit.gemm import SPLITK_MAX_M, weight_only_linear, weight_only_linear_torch
     torch.manual_seed(m * 1000 + n)
     q, scale = quantize(torch.randn(n, k) * 0.3)
     x, bias = torch.randn(m, k), torch.randn(n)
     expected = weight_only_linear_torch(x, q, scale, bias)
     for cfg in _interpreter_configs():
-        if cfg.kind == "splitk" and (cfg.block_m < min(m, 16) or m > DECODE_MAX_M):
-            continue  # block_m=1 serves M=1 only; split-K serves decode sizes (M <= 16)
+        if cfg.kind == "splitk" and (cfg.block_m < min(m, 16) or m > SPLITK_MAX_M):
+            continue  # block_m=1 serves M=1 only; split-K serves M <= 32 (one row tile)
         for _ in range(2):  # the second call checks that the split-K counters were reset
             got = weight_only_linear(x, q, scale, bias, cfg)
         assert float((got - expected).abs().max() / expected.abs().max()) <= 2e-5, cfg
