@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, next session's s10a / s10b / s10c / s10d, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -398,6 +398,19 @@ s10d)  # issue 16 item 2 (<= 400 s): the one-pass per-token activation quantizat
     timeout 45 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
       --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
     pack
+  done ;;
+s10e)  # issue 16 batch-32 decode (<= 330 s): weight-only split-K up to 32 rows (weight_only_config): the GEMM cuda
+  # tests, bench linear at M = 16 / 32, then batch-32 decode per weight-only method vs bf16 (same workload as s10c)
+  o=/tmp/s10e; mkdir -p $o; pack() { tar -czf "$out/s10e.tgz" -C $o . ; }
+  timeout 80 python3 -m pytest -q -m cuda -rf --tb=short tests/test_quant_gemm.py plugins_quant/awq/tests/test_kernels.py \
+    >$o/tests.log 2>&1; echo "tests exit $?"; tail -3 $o/tests.log; pack
+  timeout 60 $N bench linear --device cuda --methods unquantized,fp8_w8a16,int8_w8a16,awq --ms 16,32 \
+    --json $o/bench_linear_m32.json >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -10 $o/bench_linear.log; pack
+  for m in unquantized fp8_w8a16 int8_w8a16 awq; do
+    timeout 40 $N bench throughput $Q7 --max-model-len 1024 --max-num-seqs 32 --num-seqs 32 --min-len 128 \
+      --max-len 128 --min-output-len 256 --max-output-len 256 --linear-method $m \
+      --json $o/decode_b32_qwen2.5_7b_$m.json >$o/decode_b32_$m.log 2>&1
+    echo "decode batch 32 $m exit $?"; tail -1 $o/decode_b32_$m.log; pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \

@@ -37,7 +37,7 @@ def test_kernels_match_torch_reference_in_triton_interpreter(m, n, k, quantize, 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
-@pytest.mark.parametrize("m", [1, 3, 8, 16, 100, 512])
+@pytest.mark.parametrize("m", [1, 3, 8, 16, 24, 32, 100, 512])
 def test_bf16_on_cuda(quantize, m):
     from nanocore.toolkit.gemm import weight_only_linear
     torch.manual_seed(m)
