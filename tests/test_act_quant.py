@@ -5,17 +5,33 @@ import pytest
 import torch
 
 from nanocore.toolkit import act_quant
-from nanocore.toolkit.act_quant import quantize_per_token, quantize_per_token_triton
-from nanocore.toolkit.numerics import FP8_DTYPE, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.act_quant import RECIPROCAL_QMAX, quantize_per_token, quantize_per_token_triton
+from nanocore.toolkit.numerics import (
+    FP8_DTYPE,
+    quantize_fp8,
+    quantize_fp8_per_row,
+    quantize_int8,
+    quantize_int8_per_row,
+)
 
 REFERENCES = {torch.int8: quantize_int8_per_row, FP8_DTYPE: quantize_fp8_per_row}
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
                                  reason="Triton interpreter runs only without CUDA (see conftest.py)")
 
 
-def _assert_same_as_reference(x2: torch.Tensor, dtype: torch.dtype, got: tuple[torch.Tensor, torch.Tensor]) -> None:
+def _gpu_reference(x2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the numerics references give on a GPU, on any device: there torch turns ``amax / qmax`` into
+    ``amax * float32(1 / qmax)`` (on the CPU it divides: one ulp apart at times)."""
+    if x2.is_cuda:
+        return REFERENCES[dtype](x2)
+    scale = (x2.float().abs().amax(dim=-1, keepdim=True) * RECIPROCAL_QMAX[dtype]).clamp_min(1e-12)
+    return (quantize_int8 if dtype == torch.int8 else quantize_fp8)(x2, scale), scale
+
+
+def _assert_same_as_reference(x2: torch.Tensor, dtype: torch.dtype, got: tuple[torch.Tensor, torch.Tensor],
+                              reference=_gpu_reference) -> None:
     q, scale = got
-    q_ref, scale_ref = REFERENCES[dtype](x2)
+    q_ref, scale_ref = reference(x2, dtype)
     assert q.dtype == dtype and q.shape == x2.shape and scale.shape == (x2.shape[0], 1)
     assert scale.dtype == torch.float32
     assert torch.equal(scale, scale_ref)
@@ -69,7 +85,13 @@ def test_strided_rows(dtype):
 def test_cpu_tensors_take_the_reference():
     x2 = _rows(4, 48, torch.float32, seed=5)
     for dtype in (torch.int8, FP8_DTYPE):
-        _assert_same_as_reference(x2, dtype, quantize_per_token(x2, dtype))
+        _assert_same_as_reference(x2, dtype, quantize_per_token(x2, dtype), lambda x, d: REFERENCES[d](x))
+
+
+def test_reciprocals_are_float32():
+    # the kernel multiplies by these exactly as torch does on a GPU: float32 1 / qmax, exact as a Python float
+    for dtype, qmax in ((torch.int8, 127.0), (FP8_DTYPE, 448.0)):
+        assert RECIPROCAL_QMAX[dtype] == float(torch.tensor(1 / qmax, dtype=torch.float32))
 
 
 def test_empty_inputs():

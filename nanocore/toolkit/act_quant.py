@@ -1,8 +1,10 @@
 """Dynamic per-token activation quantization for W8A8 GEMMs in one pass (since 1.4).
 
 ``quantize_per_token(x2, dtype)`` gives the int8 or fp8 e4m3 rows of ``x2 [M, K]`` and float32 scales ``[M, 1]``
-with the numbers of ``toolkit.numerics.quantize_int8_per_row`` / ``quantize_fp8_per_row`` (scale = amax / qmax,
-at least 1e-12; int8 rounds half to even and saturates at +-127, fp8 saturates at +-448). On a GPU one Triton
+with the numbers ``toolkit.numerics.quantize_int8_per_row`` / ``quantize_fp8_per_row`` give on a GPU (scale =
+amax times the float32 reciprocal of qmax, at least 1e-12: torch on CUDA turns ``amax / qmax`` into that multiply,
+while on the CPU it divides, one ulp apart at times; int8 rounds half to even and saturates at +-127, fp8 rounds to
+nearest even and saturates at +-448). On a GPU one Triton
 program per row reads the row twice (amax, then quantize: the second read mostly hits L2) and writes one byte per
 element; the torch reference materializes several float32 copies of ``x`` (about 40 bytes per element, which at
 prefill sizes cost more than the int8 / fp8 GEMM itself). Elsewhere it is the reference.
@@ -21,13 +23,16 @@ except ImportError:  # CPU-only installs: the torch reference serves
     triton = None
 
 _QMAX = {torch.int8: INT8_MAX, FP8_DTYPE: FP8_MAX}
+#: float32 ``1 / qmax`` (exact as a Python float): what torch multiplies by when a CUDA tensor is divided by a number
+RECIPROCAL_QMAX = {dtype: float(torch.tensor(1.0) / torch.tensor(qmax)) for dtype, qmax in _QMAX.items()}
 _REFERENCE = {torch.int8: quantize_int8_per_row, FP8_DTYPE: quantize_fp8_per_row}
 _BLOCK_MAX = 4096  # elements per loop step: K = 3584 rows are one step, 18944 five
 
 if triton is not None:
     @triton.jit
     def _per_token_quant_kernel(x_ptr, q_ptr, s_ptr, K, stride_xm, stride_qm, QMAX: tl.constexpr,
-                                IS_INT: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr):
+                                RCP_QMAX: tl.constexpr, IS_INT: tl.constexpr, MIN_SCALE: tl.constexpr,
+                                BLOCK: tl.constexpr):
         row = tl.program_id(0).to(tl.int64)
         x_row = x_ptr + row * stride_xm
         q_row = q_ptr + row * stride_qm
@@ -35,7 +40,7 @@ if triton is not None:
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
             amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
-        scale = tl.maximum(tl.div_rn(tl.max(amax, axis=0), QMAX), MIN_SCALE)  # IEEE division: the reference's bits
+        scale = tl.maximum(tl.max(amax, axis=0) * RCP_QMAX, MIN_SCALE)  # torch's bits on a GPU (see the docstring)
         tl.store(s_ptr + row, scale)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
@@ -71,8 +76,8 @@ def quantize_per_token_triton(x2: torch.Tensor, dtype: torch.dtype) -> tuple[tor
     if m and k:
         block = min(triton.next_power_of_2(k), _BLOCK_MAX)
         _per_token_quant_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), QMAX=_QMAX[dtype],
-                                      IS_INT=dtype == torch.int8, MIN_SCALE=_MIN_SCALE, BLOCK=block,
-                                      num_warps=8 if block >= 2048 else 4)
+                                      RCP_QMAX=RECIPROCAL_QMAX[dtype], IS_INT=dtype == torch.int8,
+                                      MIN_SCALE=_MIN_SCALE, BLOCK=block, num_warps=8 if block >= 2048 else 4)
     elif m:
         scale.fill_(_MIN_SCALE)  # an empty row's amax is 0, as the reference's
     return q, scale
