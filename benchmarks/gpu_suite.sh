@@ -345,7 +345,7 @@ s9f)  # session 9's last call (~150 s): the review's mends on the GPU: awq cuda 
   timeout 45 $N bench linear --device cuda --methods unquantized,int8_w8a16,awq --ms 1 --json $o/bench_linear_s9f.json \
     >$o/bench_linear.log 2>&1; echo "linear exit $?"; tail -5 $o/bench_linear.log; pack ;;
 s10a)  # next session first (~560 s): the cuda tests session 9 left unrun: test_kernels_attention_cuda.py in two halves
-  # (one 210 s step ran 98 of ~146 in s9a), test_kernels_attention.py, test_kernel_warmup_gpu.py; logs in OUTDIR/s10a.tgz
+  # (one 210 s step ran 98 of ~146 in s9a), test_kernel_warmup_gpu.py; logs in OUTDIR/s10a.tgz
   o=/tmp/s10a; mkdir -p $o; pack() { tar -czf "$out/s10a.tgz" -C $o . ; }
   f=tests/test_kernels_attention_cuda.py
   python3 -m pytest -q -m cuda --collect-only $f 2>/dev/null | grep "::" >$o/ids.txt
@@ -355,7 +355,7 @@ s10a)  # next session first (~560 s): the cuda tests session 9 left unrun: test_
     timeout 200 python3 -m pytest -q -m cuda -rf --tb=short $ids >$o/attention_cuda_$part.log 2>&1
     echo "attention cuda part $part exit $?"; tail -2 $o/attention_cuda_$part.log; pack
   done
-  for spec in tests/test_kernels_attention.py:80 tests/test_kernel_warmup_gpu.py:60; do
+  for spec in tests/test_kernel_warmup_gpu.py:60; do  # (tests/test_kernels_attention.py has no cuda tests)
     f=${spec%:*}; timeout ${spec#*:} python3 -m pytest -q -m cuda -rf --tb=short $f >"$o/$(basename $f .py).log" 2>&1
     echo "$f exit $?"; tail -2 "$o/$(basename $f .py).log"; pack
   done ;;
