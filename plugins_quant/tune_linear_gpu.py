@@ -23,8 +23,9 @@ from nanocore_awq.kernels import awq_default_config, awq_linear_torch, awq_linea
 from nanocore.bench.linear import SHAPES as LAYER_SHAPES
 from nanocore.toolkit.gemm import (
     GemmConfig,
-    default_config,
+    int8_int8_config,
     int8_scaled_linear,
+    weight_only_config,
     weight_only_linear,
     weight_only_linear_torch,
 )
@@ -104,7 +105,7 @@ def measure(kernel: str, cfg: GemmConfig | None, m: int, weights: dict, inputs: 
     """One config at every shape (compiled once): error vs the twin and the median time."""
     rows = []
     for shape, (n, k) in SHAPES.items():
-        c = cfg or {"awq": awq_default_config}.get(kernel, default_config)(m, n, k)
+        c = cfg or {"awq": awq_default_config, "int8_w8a8": int8_int8_config}.get(kernel, weight_only_config)(m, n, k)
         row = {"shape": shape, "m": m, "kernel": kernel, "config": "default" if cfg is None else cfg.__dict__,
                "resolved": c.__dict__}
         try:

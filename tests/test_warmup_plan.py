@@ -99,11 +99,11 @@ def _token_counts(limits):
 def test_token_counts_cover_the_gemm_rmsnorm_and_moe_choices(limits):
     from nanocore.kernels.rmsnorm import tile_rows
     from nanocore.toolkit.gemm import default_config as gemm_config
-    from nanocore.toolkit.gemm import int8_int8_config
+    from nanocore.toolkit.gemm import int8_int8_config, weight_only_config
     counts = _token_counts(limits)
     every = range(1, limits.max_num_batched_tokens + 1)
     from nanocore.toolkit.gemm_block import block_config
-    choosers = [gemm_config, int8_int8_config, lambda m, n, k: block_config(m, n, k, 128, None)]
+    choosers = [gemm_config, weight_only_config, int8_int8_config, lambda m, n, k: block_config(m, n, k, 128, None)]
     try:
         from nanocore_awq.kernels import awq_default_config
         choosers.append(awq_default_config)

@@ -35,7 +35,8 @@ module                          what it offers
 ``toolkit.cuda_library``        CUDA C++ kernels compiled by nvcc on first use into a cached shared library called
                                 through ctypes (``load_cuda_library``; since 1.3)
 ``toolkit.act_quant``           dynamic per-token int8 / fp8 activation quantization in one Triton pass
-                                (``quantize_per_token``; the numerics reference off the GPU; since 1.4)
+                                (``quantize_per_token``: the numerics reference where the kernel cannot run;
+                                ``quantize_per_token_triton``, ``RECIPROCAL_QMAX``; since 1.4)
 ``toolkit.moe_weights``         ``fp8_channel`` MoE expert weights: ``quantize_fp8_experts`` (fp8 e4m3, a float32
                                 scale per output row), ``dequantize_fp8_experts``
 ``toolkit.kv``                  KV-cache store / gather for layouts of the core family (fused store on CUDA, torch

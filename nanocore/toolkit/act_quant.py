@@ -4,7 +4,8 @@
 with the numbers ``toolkit.numerics.quantize_int8_per_row`` / ``quantize_fp8_per_row`` give on a GPU (scale =
 amax times the float32 reciprocal of qmax, at least 1e-12: torch on CUDA turns ``amax / qmax`` into that multiply,
 while on the CPU it divides, one ulp apart at times; int8 rounds half to even and saturates at +-127, fp8 rounds to
-nearest even and saturates at +-448). On a GPU one Triton
+nearest even and saturates at +-448; a row holding NaN or Inf gets a NaN scale or NaN codes as there: fp8 NaN, int8
+undefined). On a GPU one Triton
 program per row reads the row twice (amax, then quantize: the second read mostly hits L2) and writes one byte per
 element; the torch reference materializes several float32 copies of ``x`` (about 40 bytes per element, which at
 prefill sizes cost more than the int8 / fp8 GEMM itself). Elsewhere it is the reference.
@@ -13,8 +14,15 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.toolkit.capability import triton_reason
-from nanocore.toolkit.numerics import _MIN_SCALE, FP8_DTYPE, FP8_MAX, INT8_MAX, quantize_fp8_per_row, quantize_int8_per_row
+from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.numerics import (
+    _MIN_SCALE,
+    FP8_DTYPE,
+    FP8_MAX,
+    INT8_MAX,
+    quantize_fp8_per_row,
+    quantize_int8_per_row,
+)
 
 try:
     import triton
@@ -37,15 +45,18 @@ if triton is not None:
         x_row = x_ptr + row * stride_xm
         q_row = q_ptr + row * stride_qm
         amax = tl.zeros([BLOCK], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK):
+        for k0 in range(0, K, BLOCK):  # NaN kept per lane (max / min drop it by default)
             offs = k0 + tl.arange(0, BLOCK)
-            amax = tl.maximum(amax, tl.abs(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)))
+            x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x), propagate_nan=tl.PropagateNan.ALL)
         scale = tl.maximum(tl.max(amax, axis=0) * RCP_QMAX, MIN_SCALE)  # torch's bits on a GPU (see the docstring)
+        scale = tl.where(tl.max((amax != amax).to(tl.int32), axis=0) > 0, float("nan"), scale)  # as torch's amax
         tl.store(s_ptr + row, scale)
         for k0 in range(0, K, BLOCK):
             offs = k0 + tl.arange(0, BLOCK)
             y = tl.div_rn(tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32), scale)
-            y = tl.minimum(tl.maximum(y, -QMAX), QMAX)
+            y = tl.minimum(tl.maximum(y, -QMAX, propagate_nan=tl.PropagateNan.ALL), QMAX,
+                           propagate_nan=tl.PropagateNan.ALL)
             if IS_INT:
                 y = (y + 12582912.0) - 12582912.0  # + 1.5 * 2^23 rounds |y| < 2^22 to nearest even, as torch.round
             else:
@@ -66,20 +77,19 @@ if triton is not None:
 
 
 def quantize_per_token_triton(x2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The Triton kernel on any device Triton runs on (a GPU, or the CPU under ``TRITON_INTERPRET=1``)."""
+    """The Triton kernel on any device Triton runs on (a GPU, or the CPU under ``TRITON_INTERPRET=1``; fp8 needs
+    sm_89+ on a GPU). ``quantize_per_token`` picks it where it can run."""
     _check(x2, dtype)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, k = x2.shape
     q = torch.empty((m, k), dtype=dtype, device=x2.device)
     scale = torch.empty((m, 1), dtype=torch.float32, device=x2.device)
-    if m and k:
+    if m:
         block = min(triton.next_power_of_2(k), _BLOCK_MAX)
         _per_token_quant_kernel[(m,)](x2, q, scale, k, x2.stride(0), q.stride(0), QMAX=_QMAX[dtype],
                                       RCP_QMAX=RECIPROCAL_QMAX[dtype], IS_INT=dtype == torch.int8,
                                       MIN_SCALE=_MIN_SCALE, BLOCK=block, num_warps=8 if block >= 2048 else 4)
-    elif m:
-        scale.fill_(_MIN_SCALE)  # an empty row's amax is 0, as the reference's
     return q, scale
 
 
@@ -87,7 +97,8 @@ def quantize_per_token(x2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     """``dtype`` (``torch.int8`` or ``torch.float8_e4m3fn``) rows of ``x2 [M, K]`` and float32 scales ``[M, 1]``:
     the Triton kernel on a GPU that runs Triton, the ``toolkit.numerics`` reference elsewhere."""
     _check(x2, dtype)
-    if x2.is_cuda and triton is not None and triton_reason(x2.device, "per-token quantization") is None:
+    if x2.is_cuda and triton is not None and triton_reason(x2.device, "per-token quantization") is None and (
+            dtype == torch.int8 or cuda_capability_reason(x2.device, (8, 9), "fp8 conversion") is None):
         return quantize_per_token_triton(x2, dtype)
     return _REFERENCE[dtype](x2)
 
@@ -95,6 +106,7 @@ def quantize_per_token(x2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
 def _check(x2: torch.Tensor, dtype: torch.dtype) -> None:
     if dtype not in _QMAX:
         raise ValueError(f"per-token quantization makes torch.int8 or torch.float8_e4m3fn rows, not {dtype}")
-    if x2.dim() != 2 or not x2.is_floating_point():
-        raise ValueError(f"per-token quantization takes a floating-point [M, K] tensor, got {tuple(x2.shape)} "
-                         f"{x2.dtype}; reshape the activations to rows first (toolkit.gemm.gemm_input_rows)")
+    if x2.dim() != 2 or not x2.is_floating_point() or x2.shape[1] == 0:
+        raise ValueError(f"per-token quantization takes a floating-point [M, K] tensor with K > 0, got "
+                         f"{tuple(x2.shape)} {x2.dtype}; reshape the activations to rows first "
+                         f"(toolkit.gemm.gemm_input_rows)")

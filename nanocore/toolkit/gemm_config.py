@@ -1,9 +1,9 @@
 """Launch parameters of the per-channel GEMMs of :mod:`nanocore.toolkit.gemm` and the measured-best choice per shape.
 
-:class:`GemmConfig` names a kernel (``gemv``, ``splitk`` or ``tiled``) and its tiles; ``DECODE_MAX_M`` is where
-decode (split-K) stops and the tiled GEMM starts; :func:`default_config` (weight-only) and
-:func:`int8_int8_config` (int8 activations) pick a config by M. All of it is re-exported by
-:mod:`nanocore.toolkit.gemm`.
+:class:`GemmConfig` names a kernel (``gemv``, ``splitk`` or ``tiled``) and its tiles. :func:`default_config` picks
+by M (split-K up to ``DECODE_MAX_M``, the tiled GEMM beyond; the block-scaled GEMM uses it),
+:func:`weight_only_config` the same with split-K kept up to ``SPLITK_MAX_M`` (per-channel fp8 / int8 weights), and
+:func:`int8_int8_config` the int8-activation tiles. All of it is re-exported by :mod:`nanocore.toolkit.gemm`.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ try:
 except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
-#: M at or below which the split-K decode kernel runs instead of the tiled GEMM.
+#: M at or below which ``default_config`` picks the split-K decode kernel instead of the tiled GEMM.
 DECODE_MAX_M = 16
 #: M up to which the split-K kernels accept a config and weight-only GEMMs pick them (since 1.4): one row tile
 #: holds every token, so each weight byte is read once. At M = 32 the tiled GEMM gave the 7B layer's o / down
@@ -61,7 +61,7 @@ def weight_only_config(m: int, n: int, k: int) -> GemmConfig:
     """``default_config``, with the split-K decode tiles kept up to ``SPLITK_MAX_M`` rows (weight-only GEMMs: the
     kernel widens the weights once per K tile for every row; the block-scaled GEMM keeps ``default_config``)."""
     if DECODE_MAX_M < m <= SPLITK_MAX_M:
-        return GemmConfig("splitk", block_m=16, block_n=32, block_k=256)  # the launcher rounds block_m up to M
+        return default_config(DECODE_MAX_M, n, k)  # the decode tiles; the launcher rounds block_m up to M
     return default_config(m, n, k)
 
 

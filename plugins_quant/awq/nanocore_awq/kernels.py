@@ -83,7 +83,7 @@ def awq_default_config(m: int, n: int, k: int) -> GemmConfig:
         # left most SMs idle on the 7B o / down projections: batch-32 decode 0.30x bf16, session 10)
         return GemmConfig("splitk", block_m=16, block_n=64, block_k=128, num_warps=4)
     if m <= 64:
-        return GemmConfig("tiled", block_m=32 if m <= 32 else 64, block_n=128, block_k=64, num_warps=4, num_stages=4)
+        return GemmConfig("tiled", block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)
     return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 

@@ -58,7 +58,7 @@ def test_twin_dequantizes_close_to_the_weight():
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("m", [1, 4, 8, 16, 100, 512])
+@pytest.mark.parametrize("m", [1, 4, 8, 16, 24, 32, 100, 512])
 def test_triton_bf16_on_cuda(m):
     from nanocore_awq.kernels import awq_linear_triton
     torch.manual_seed(m)

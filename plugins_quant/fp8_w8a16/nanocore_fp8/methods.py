@@ -168,8 +168,9 @@ class Fp8W8A8LinearMethod(_Fp8Base):
     def apply(self, layer, x, bias=None):
         n, k = layer.weight.shape
         x2, lead = gemm_input_rows(x, k, f"{self.name}'s layer")
-        if self.activation_scheme == "static":
-            xq, x_scale = quantize_fp8_activations(x2, layer.input_scale)
+        static = self.activation_scheme == "static"
+        if static or self.kernel == "torch":  # the torch ops (kernel='torch': Triton-free)
+            xq, x_scale = quantize_fp8_activations(x2, layer.input_scale if static else None)
         else:
             xq, x_scale = quantize_per_token(x2, FP8_DTYPE)  # one Triton pass on a GPU
         x_scale = x_scale.contiguous()  # _scaled_mm's row-wise scales: a real [M, 1] tensor

@@ -220,3 +220,19 @@ def test_cli_fp8_scale_option(tmp_path, capsys):
 def test_calibration_for_other_modules_is_an_error_not_a_silent_fallback():
     with pytest.raises(ValueError, match="none for 'layer'"):
         quantized(Fp8W8A16LinearMethod, torch.randn(8, 16), {"model.other": torch.randn(4, 16)})
+
+
+@pytest.mark.parametrize("kernel", ["auto", "torch"])
+def test_w8a8_activation_quantization_follows_the_kernel_option(monkeypatch, kernel):
+    # kernel='torch' keeps every step on torch ops (no Triton launch); 'auto' takes toolkit.act_quant's kernel
+    import nanocore_fp8.methods as methods
+    calls = []
+    monkeypatch.setattr(methods, "quantize_per_token", lambda x2, dtype: calls.append(dtype) or
+                        quantize_fp8_per_row(x2))
+    method = Fp8W8A8LinearMethod({"kernel": kernel})
+    layer = RowParallelLinear(32, 24, bias=False, linear_method=method, parallel=ParallelContext(),
+                              params_dtype=torch.float32)
+    load(layer, quantized(Fp8W8A8LinearMethod, torch.randn(24, 32))[0])
+    method.process_weights_after_loading(layer)
+    method.apply(layer, torch.randn(5, 32))
+    assert calls == ([] if kernel == "torch" else [torch.float8_e4m3fn])

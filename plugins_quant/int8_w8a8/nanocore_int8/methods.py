@@ -150,6 +150,8 @@ class Int8W8A8LinearMethod(_Int8Base):
         if self.activation_scheme == "static":
             x_scale = layer.input_scale.view(1, 1)
             xq = quantize_int8(x2, x_scale)
+        elif self.kernel == "torch":  # the twin, Triton-free
+            xq, x_scale = quantize_int8_per_row(x2)
         else:
             xq, x_scale = quantize_per_token(x2, torch.int8)  # one Triton pass on a GPU
         if self._triton_usable(x):  # int8 tensor cores with the scales and bias fused into the epilogue

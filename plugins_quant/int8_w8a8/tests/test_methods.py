@@ -193,3 +193,15 @@ def test_packed_formats_the_int8_methods_leave_to_wna16(weights, can):
     for cls in (Int8W8A16LinearMethod, Int8W8A8LinearMethod):
         reason = cls.checkpoint_support(config)
         assert reason and can in reason
+
+
+@pytest.mark.parametrize("kernel", ["auto", "torch"])
+def test_w8a8_activation_quantization_follows_the_kernel_option(monkeypatch, kernel):
+    # kernel='torch' keeps every step on the torch twin (no Triton launch); 'auto' takes toolkit.act_quant's kernel
+    import nanocore_int8.methods as methods
+    calls = []
+    monkeypatch.setattr(methods, "quantize_per_token", lambda x2, dtype: calls.append(dtype) or
+                        methods.quantize_int8_per_row(x2))
+    layer, _ = build(Int8W8A8LinearMethod({"kernel": kernel}), torch.randn(24, 32))
+    layer.linear_method.apply(layer, torch.randn(20, 32))
+    assert calls == ([] if kernel == "torch" else [torch.int8])
