@@ -26,6 +26,7 @@ PER_BATCH = {
     ("nanocore.toolkit.gemm", "_weight_gemm_kernel"): {"M"},
     ("nanocore.toolkit.gemv", "_gemv_kernel"): set(),  # M = 1 only
     ("nanocore.toolkit.gemm_block", "_block_scaled_kernel"): {"M"},
+    ("nanocore.toolkit.act_quant", "_per_token_quant_kernel"): set(),  # rows in the grid; K fixed per layer
     ("nanocore_awq.kernels", "_awq_splitk_kernel"): {"M"},
     ("nanocore_awq.kernels", "_awq_gemm_kernel"): {"M"},
     ("nanocore_triton_fused_moe.kernels", "gate_up_silu_kernel"): {"num_blocks", "num_slots"},
