@@ -71,3 +71,43 @@ def test_in_tree_plugins_declare_through_their_distribution():
     from nanocore.plugins import get_registry
     registry = get_registry()
     assert not any(registry.refused.values()) and not registry.failures
+
+
+#: Public names added after 1.0, with the contract minor that added them (docs/internals.md, "Versioning").
+SINCE_MINOR = {
+    "nanocore.toolkit.reference": 1, "nanocore.toolkit.moe_weights": 2, "nanocore.toolkit.cuda_library": 3,
+    "nanocore.toolkit.act_quant": 4, "SPLITK_MAX_M": 4, "weight_only_config": 4,
+}
+
+
+def _imported_public_names(package_dir) -> set[str]:
+    """nanocore modules and names a plugin package imports (its tests excluded)."""
+    import ast
+    found = set()
+    for path in package_dir.rglob("*.py"):
+        if "tests" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("nanocore."):
+                found |= {node.module} | {alias.name for alias in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name.startswith("nanocore.")}
+    return found
+
+
+def test_in_tree_plugins_require_the_minor_of_every_name_they_import():
+    # a plugin importing a 1.4 name while requiring nanocore>=1.1 would install beside nanocore 1.1 and fail to import
+    import re
+    from pathlib import Path
+    root = Path(__file__).resolve().parents[1]
+    checked = 0
+    for pyproject in sorted(root.glob("plugins*/*/pyproject.toml")):
+        required = re.search(r'"nanocore>=1\.(\d+)', pyproject.read_text())
+        assert required, f"{pyproject} does not require nanocore>=1.N"
+        packages = [p for p in pyproject.parent.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
+        needed = {name: minor for name, minor in SINCE_MINOR.items()
+                  for package in packages if name in _imported_public_names(package)}
+        too_new = {name: f"1.{minor}" for name, minor in needed.items() if minor > int(required.group(1))}
+        assert not too_new, f"{pyproject.parent.name} requires nanocore>=1.{required.group(1)} but imports {too_new}"
+        checked += 1
+    assert checked >= 9  # every in-tree distribution was read
