@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, next session's s11a, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -416,6 +416,17 @@ s10f)  # the act_quant scale fix on the GPU (<= 120 s): its cuda tests and the W
   o=/tmp/s10f; mkdir -p $o; pack() { tar -czf "$out/s10f.tgz" -C $o . ; }
   timeout 100 python3 -m pytest -q -m cuda -rf --tb=short tests/test_act_quant.py plugins_quant/int8_w8a8 \
     plugins_quant/fp8_w8a16 >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack ;;
+s11a)  # next session first (<= 300 s): session 10's last mends on the GPU (act_quant NaN / Inf rows, strided and
+  # float32 inputs; awq split-K at M = 24 / 32), then the W8A8 prefill re-timed with the final quantizer
+  o=/tmp/s11a; mkdir -p $o; pack() { tar -czf "$out/s11a.tgz" -C $o . ; }
+  timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_act_quant.py tests/test_quant_gemm.py \
+    plugins_quant/awq/tests/test_kernels.py plugins_quant/int8_w8a8 plugins_quant/fp8_w8a16 >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -4 $o/tests.log; pack
+  for m in unquantized int8_w8a8 fp8_w8a8; do
+    timeout 40 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+    pack
+  done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
