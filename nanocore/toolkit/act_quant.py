@@ -5,10 +5,10 @@ with the numbers ``toolkit.numerics.quantize_int8_per_row`` / ``quantize_fp8_per
 amax times the float32 reciprocal of qmax, at least 1e-12: torch on CUDA turns ``amax / qmax`` into that multiply,
 while on the CPU it divides, one ulp apart at times; int8 rounds half to even and saturates at +-127, fp8 rounds to
 nearest even and saturates at +-448; a row holding NaN or Inf gets a NaN scale or NaN codes as there: fp8 NaN, int8
-undefined). On a GPU one Triton
-program per row reads the row twice (amax, then quantize: the second read mostly hits L2) and writes one byte per
-element; the torch reference materializes several float32 copies of ``x`` (about 40 bytes per element, which at
-prefill sizes cost more than the int8 / fp8 GEMM itself). Elsewhere it is the reference.
+undefined). On a GPU one Triton program per row reads the row twice (amax, then quantize: the second read mostly hits
+L2) and writes one byte per element; the torch reference materializes several float32 copies of ``x`` (about 40
+bytes per element, which at prefill sizes cost more than the int8 / fp8 GEMM itself). Elsewhere (CPU, no Triton,
+fp8 below sm_89) it is the reference.
 """
 from __future__ import annotations
 
