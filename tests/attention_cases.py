@@ -94,9 +94,6 @@ MIXED = [(5, 40), (1, 70), (0, 20), (16, 16), (1, 1), (3, 33)]
 I8, F8 = torch.int8, torch.float8_e4m3fn
 #: Every scaled layout family: int8 / fp8 per (token, head), group-scaled int8 K (groups of 16 and 32, the
 #: latter with fp16 scales and fp8 V as in the ``k_int8_v_fp8`` codec), and fp8 without scales.
-#: The scaled one-byte layouts every cuda test of the attention and KV-store kernels runs.
-CUDA_SCALED_LAYOUTS = [KVLayout(I8, I8, "token_head", "token_head"), KVLayout(F8, F8, "token_head", "token_head"),
-                       KVLayout(I8, I8, "group", "token_head", group_size=32)]
 QUANT_LAYOUTS = {
     "int8": KVLayout(I8, I8, "token_head", "token_head"),
     "fp8": KVLayout(F8, F8, "token_head", "token_head"),
@@ -104,3 +101,6 @@ QUANT_LAYOUTS = {
     "k_int8_v_fp8": KVLayout(I8, F8, "group", "token_head", group_size=32, scale_dtype=torch.float16),
     "fp8_noscale": KVLayout(F8, F8),
 }
+#: The scaled one-byte layouts every cuda test of the attention and KV-store kernels runs.
+CUDA_SCALED_LAYOUTS = [QUANT_LAYOUTS["int8"], QUANT_LAYOUTS["fp8"],
+                       KVLayout(I8, I8, "group", "token_head", group_size=32)]

@@ -10,7 +10,6 @@ pytest.importorskip("triton")
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from attention_cases import CUDA_SCALED_LAYOUTS, QUANT_LAYOUTS, check, make_case  # noqa: E402
-from nanocore.interfaces import KVLayout  # noqa: E402
 from nanocore.kernels.paged_attention import AttentionConfig, paged_attention  # noqa: E402
 from nanocore.layers.attention import AttentionMetadata, paged_attention_reference  # noqa: E402
 
@@ -42,7 +41,7 @@ def test_cuda_long_decode(block_size, splits):
 
 @pytest.mark.cuda
 @cuda
-@pytest.mark.parametrize("layout", CUDA_SCALED_LAYOUTS + [KVLayout(torch.float8_e4m3fn, torch.float8_e4m3fn)])
+@pytest.mark.parametrize("layout", CUDA_SCALED_LAYOUTS + [QUANT_LAYOUTS["fp8_noscale"]])
 @pytest.mark.parametrize("specs", [[(1, 3000), (1, 70), (1, 1)], [(200, 700), (1, 40), (64, 64)]])
 def test_cuda_quantized_layouts(layout, specs):
     q, cache, meta = make_case(specs, 16, 8, 128, 16, torch.bfloat16, layout=layout)

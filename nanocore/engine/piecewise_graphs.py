@@ -30,7 +30,7 @@ def step_token_limit(max_num_batched_tokens: int, max_num_seqs: int, max_model_l
 
 def mixed_buckets(max_num_batched_tokens: int, largest: int = 512) -> list[int]:
     """Token buckets: every 8 to 32, every 16 to 128, every 32 to 256, every 64 to ``largest`` (at most 25% padding
-    past 32 tokens), capped by ``max_num_batched_tokens`` (always a bucket itself when smaller). Larger steps run
+    past 64 tokens), capped by ``max_num_batched_tokens`` (always a bucket itself when smaller). Larger steps run
     eagerly, as in vLLM (capture sizes up to 512): on the H200 a 7B step of 1,025 tokens padded to a 1,280 bucket
     was 9% slower than eager (the GPU work hides the host's launches there; the padding does not)."""
     top = min(max_num_batched_tokens, largest)

@@ -10,11 +10,10 @@ def check_finish(seq: Sequence, detokenizer: IncrementalDetokenizer | None, eos_
     """Stop checks after a new token: EOS / stop ids (not in the text), stop strings, length; sets
     ``seq.finish_reason`` (and ``stop_reason``) and returns whether the sequence finished."""
     params, token_id = seq.sampling_params, seq.token_ids[-1]
-    num_output_tokens = seq.num_tokens - seq.num_prompt_tokens
     # most tokens are neither EOS nor a stop id and have no text to check: only the length test remains
     if detokenizer is not None or token_id in params.stop_token_ids or (
             not params.ignore_eos and token_id in eos_token_ids):
-        _check_stop(seq, detokenizer, token_id, num_output_tokens >= params.min_tokens, eos_token_ids)
+        _check_stop(seq, detokenizer, token_id, seq.num_output_tokens >= params.min_tokens, eos_token_ids)
     if seq.finish_reason is None and seq.reaches_length(seq.num_tokens, max_model_len):
         seq.finish_reason = "length"
     return seq.finish_reason is not None

@@ -6,7 +6,7 @@ from small enumerable sets:
 
 - attention (``batch_choice``): the tile config by max query length (decode tiles by ``next_power_of_2(rows)``
   up to 64 rows, then the prefill tile), FRESH (a chunk of 2+ tokens), CACHED (some position read through the
-  cache) and the split-KV count (a power of two up to 64) of decode-shaped grids;
+  cache) and the split-KV count (a power of two up to 64) of decode-shaped grids and of chunks over a cached prefix;
 - token count M: the RMSNorm row block (``next_power_of_2(rows)`` below 1024 elements), the quantized GEMMs'
   ``default_config`` and the MoE ``default_config`` change at powers of two, so every power of two up to
   ``max_num_batched_tokens`` is run once (a tuned MoE table picks by nearest M: see the doubt in the docs).

@@ -169,6 +169,6 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
         # of up to 32K keys each on Qwen2.5-7B (H200, eager: 6.5% MFU at a 15K prefix); first chunks never split
         q_tiles = num_seqs  # decode grids: one program per row, padded rows of a graph bucket included
         if num_q_tiles > 1:
-            q_tiles = sum(triton.cdiv(n, block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
+            q_tiles = sum(-(-n // block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
         splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
     return AttentionChoice(cfg, fresh, cached, splits)

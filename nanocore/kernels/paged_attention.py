@@ -100,17 +100,17 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
         narrow = narrow_constexprs(path if choice.cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
         flags = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
-        plan = meta.launch_choices[key] = (choice, narrow, flags)
-    choice, narrow, (fold, k_split) = plan
+        block_q = choice.config.block_m // group
+        tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
+                 triton.next_power_of_2(choice.splits))
+        plan = meta.launch_choices[key] = (choice, narrow, flags, tiles)
+    choice, narrow, (fold, k_split), (block_q, num_q_tiles, head_dim_pad, splits_pad) = plan
     cfg, splits = choice.config, choice.splits
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
     k = k.view(torch.int32) if narrow["WORDS"] == 2 else k
     scale_strides = (ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1))
     ks = ks.reshape(-1).view(torch.int32) if narrow["KS_HALVES"] else ks
     vs = vs.reshape(-1).view(torch.int32) if narrow["VS_HALVES"] else vs
-    block_q = cfg.block_m // group
-    num_q_tiles = triton.cdiv(max(meta.max_query_len, 1), block_q)
-    head_dim_pad = triton.next_power_of_2(head_dim)
     out = torch.empty(num_tokens, num_q_heads, head_dim, dtype=q.dtype, device=q.device)
     ws_acc = ws_ml = out
     if splits > 1:
@@ -134,6 +134,6 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             ws_acc, ws_ml, out, splits, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, SPLITS_PAD=triton.next_power_of_2(splits),
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, SPLITS_PAD=splits_pad,
             num_warps=4)
     return out

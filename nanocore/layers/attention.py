@@ -49,7 +49,8 @@ class AttentionMetadata:
     #: Piecewise CUDA graphs (engine/piecewise_graphs.py): called by each attention layer with its q/k/v
     #: ``[T, heads, head_dim]`` instead of storing and attending; returns the ``[T, heads * head_dim]`` output rows.
     segment_break: Callable[[Attention, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    #: The attention kernels' launch choice per layer shape, memoised for the step (``paged_attention``).
+    #: The attention kernels' launch plan (choice, path constexprs, flags, tiles) per layer shape and cache layout,
+    #: memoised for the step (``paged_attention``).
     launch_choices: dict = field(default_factory=dict)
 
     @property
