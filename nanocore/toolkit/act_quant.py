@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.kernels.device import converts_fp8
+from nanocore.toolkit.capability import triton_reason
 from nanocore.toolkit.numerics import (
     _MIN_SCALE,
     FP8_DTYPE,
@@ -80,6 +81,10 @@ def quantize_per_token_triton(x2: torch.Tensor, dtype: torch.dtype) -> tuple[tor
     """The Triton kernel on any device Triton runs on (a GPU, or the CPU under ``TRITON_INTERPRET=1``; fp8 needs
     sm_89+ on a GPU). ``quantize_per_token`` picks it where it can run."""
     _check(x2, dtype)
+    return _launch(x2, dtype)
+
+
+def _launch(x2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m, k = x2.shape
@@ -98,8 +103,8 @@ def quantize_per_token(x2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tens
     the Triton kernel on a GPU that runs Triton, the ``toolkit.numerics`` reference elsewhere."""
     _check(x2, dtype)
     if x2.is_cuda and triton is not None and triton_reason(x2.device, "per-token quantization") is None and (
-            dtype == torch.int8 or cuda_capability_reason(x2.device, (8, 9), "fp8 conversion") is None):
-        return quantize_per_token_triton(x2, dtype)
+            dtype == torch.int8 or converts_fp8(x2.device)):
+        return _launch(x2, dtype)
     return _REFERENCE[dtype](x2)
 
 

@@ -1,16 +1,39 @@
-"""``supports(device)`` building blocks: each returns None when the requirement holds, else the reason."""
+"""``supports(device)`` building blocks: each returns None when the requirement holds, else the reason.
+
+Device facts are looked up once per device (``cuda_capability``, ``sm_count``): kernels ask per call, and a
+capability query costs microseconds of host time per linear in eager steps.
+"""
 from __future__ import annotations
 
+import functools
+
 import torch
+
+from nanocore.kernels.device import sm_count  # noqa: F401  (public here since 1.4: SMs of a device, cached)
+
+
+@functools.cache
+def cuda_capability(device: torch.device) -> tuple[int, int] | None:
+    """The compute capability of CUDA ``device``, or None where CUDA is not available (since 1.4; cached)."""
+    return torch.cuda.get_device_capability(device) if torch.cuda.is_available() else None
+
+
+@functools.cache
+def _triton_installed() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def cuda_capability_reason(device: torch.device, minimum: tuple[int, int], what: str) -> str | None:
     """None if ``device`` is a CUDA GPU of at least ``minimum`` compute capability."""
     if device.type != "cuda":
         return f"{what} needs an NVIDIA GPU (device is {device.type})"
-    if not torch.cuda.is_available():
+    capability = cuda_capability(device)
+    if capability is None:
         return f"{what} needs CUDA, which is not available in this torch build or machine"
-    capability = torch.cuda.get_device_capability(device)
     if capability < minimum:
         return f"{what} needs CUDA capability >= {minimum[0]}.{minimum[1]}, this GPU has {capability[0]}.{capability[1]}"
     return None
@@ -21,8 +44,4 @@ def triton_reason(device: torch.device, what: str) -> str | None:
     reason = cuda_capability_reason(device, (8, 0), what)
     if reason:
         return reason
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return f"{what} needs the 'triton' package (pip install triton)"
-    return None
+    return None if _triton_installed() else f"{what} needs the 'triton' package (pip install triton)"

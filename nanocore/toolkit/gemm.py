@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from nanocore.kernels.device import converts_fp8, sm_count
-from nanocore.toolkit.gemm_config import (
-    DECODE_MAX_M,
+from nanocore.toolkit.gemm_config import (  # DECODE_MAX_M and default_config: re-exported, public names here
+    DECODE_MAX_M,  # noqa: F401
     SPLITK_MAX_M,
     GemmConfig,
-    default_config,
+    default_config,  # noqa: F401
     int8_int8_config,
     weight_only_config,
 )

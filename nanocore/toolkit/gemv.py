@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from nanocore.kernels.device import interpreting
+from nanocore.kernels.device import interpreting, sm_count
 
 try:
     import triton
@@ -58,7 +58,7 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
     elif w_kind == W_FP8:
         w = w.view(torch.uint8)  # a masked tail load needs an integer 'other' (Triton cannot cast 0 to fp8)
     grid_n, k_tiles = triton.cdiv(n, cfg.block_n), triton.cdiv(k, cfg.block_k)
-    split_k = gemv_split_k(grid_n, k_tiles, _sms(x2.device), cfg.split_k)
+    split_k = gemv_split_k(grid_n, k_tiles, sm_count(x2.device), cfg.split_k)
     k_per_split = triton.cdiv(k_tiles, split_k) * cfg.block_k
     split_k = triton.cdiv(k, k_per_split)
     partials, locks = splitk_workspace(split_k, 1, n, grid_n, x2.device, w)
@@ -69,11 +69,6 @@ def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
         n, k, k_per_split, w.stride(0), HAS_BIAS=bias is not None, W_KIND=w_kind,
         BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, SPLIT_K=split_k, EVEN_K=k % cfg.block_k == 0,
         REDUCE_LATE=cfg.reduce_late, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
-
-
-def _sms(device: torch.device) -> int:
-    from nanocore.kernels.device import sm_count
-    return sm_count(device)
 
 
 if triton is not None:

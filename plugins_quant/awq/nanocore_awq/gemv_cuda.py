@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from nanocore.toolkit.capability import cuda_capability, cuda_capability_reason, sm_count
 from nanocore.toolkit.cuda_library import CudaBuildError, arch_flags, load_cuda_library
 
 SOURCES = [Path(__file__).resolve().parent / "csrc" / "awq_gemv.cu"]
@@ -24,7 +25,6 @@ GEMV_MAX_M = 4
 _THREADS = 128  # kThreads in the .cu
 _DTYPES = {torch.float16: 0, torch.bfloat16: 1}
 _WORKSPACE = "_nanocore_awq_gemv_workspace"  # attribute of the qweight tensor: (sums, counters)
-_reasons: dict[tuple, str | None] = {}  # (device capability) -> why the GEMV cannot run there, or None
 
 
 @dataclass(frozen=True)
@@ -46,19 +46,16 @@ def _library(capability: tuple[int, int]) -> ctypes.CDLL:
 
 def gemv_reason(device: torch.device) -> str | None:
     """Why the CUDA GEMV cannot run on ``device`` (no nvcc, a failed build, an old GPU), or None; builds it once."""
-    if device.type != "cuda":
-        return "the awq CUDA GEMV runs on NVIDIA GPUs"
-    capability = torch.cuda.get_device_capability(device)
-    if capability not in _reasons:
-        if capability < (8, 0):
-            _reasons[capability] = f"the awq CUDA GEMV needs compute capability 8.0 or newer, not {capability}"
-        else:
-            try:
-                _library(capability)
-                _reasons[capability] = None
-            except (CudaBuildError, OSError, AttributeError) as exc:
-                _reasons[capability] = str(exc)
-    return _reasons[capability]
+    return cuda_capability_reason(device, (8, 0), "the awq CUDA GEMV") or _build_failure(cuda_capability(device))
+
+
+@functools.cache
+def _build_failure(capability: tuple[int, int]) -> str | None:
+    try:
+        _library(capability)
+    except (CudaBuildError, OSError, AttributeError) as exc:
+        return str(exc)
+    return None
 
 
 def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor,
@@ -67,11 +64,12 @@ def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tens
     bf16 throughout, contiguous tensors, K and the group size multiples of 16 (the kernel walks 16 rows at a time)."""
     k, groups = qweight.shape[0], scales.shape[0]
     return (1 <= m <= GEMV_MAX_M and x.dtype in _DTYPES and scales.dtype == x.dtype and groups > 0
-            and k % groups == 0 and (k // groups) % 16 == 0 and k % 16 == 0
+            and k % groups == 0 and (k // groups) % 16 == 0
             and all(t.is_contiguous() for t in (qweight, qzeros, scales))
             and (bias is None or (bias.dtype == x.dtype and bias.is_contiguous())))
 
 
+@functools.cache
 def gemv_plan(n: int, k: int, sms: int) -> GemvPlan:
     """One word per thread and the longest split (<= 1,024 rows, >= 64) that still gives >= 4 blocks per SM: fewer
     split sums, yet enough rows in flight on every SM. On the H200 (awq_gemv_tune.json, session 9) 8- and 16-byte
@@ -81,11 +79,6 @@ def gemv_plan(n: int, k: int, sms: int) -> GemvPlan:
     while rows > 64 and column_blocks * -(-k // rows) < 4 * sms:
         rows //= 2
     return GemvPlan(1, rows)
-
-
-@functools.cache
-def _sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _workspace(qweight: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -110,14 +103,14 @@ def awq_gemv_cuda(x2: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tensor,
                          f"size multiples of 16); use awq_linear_triton")
     if x2.stride(1) != 1:
         x2 = x2.contiguous()
-    plan = plan or gemv_plan(n, k, _sms(x2.device))
+    plan = plan or gemv_plan(n, k, sm_count(x2.device))
     if plan.words not in (1, 2, 4) or (n // 8) % plan.words or plan.words * m > 4 or plan.rows_per_split % 16:
         raise ValueError(f"awq gemv: {plan} does not fit N = {n} at M = {m} (words 1, 2 or 4 dividing N / 8, "
                          f"words * M <= 4, rows a multiple of 16)")
     splits = -(-k // plan.rows_per_split)
     sums, counters = _workspace(qweight, n) if splits > 1 else (None, None)
     y = torch.empty((m, n), dtype=x2.dtype, device=x2.device)
-    lib = _library(torch.cuda.get_device_capability(x2.device))
+    lib = _library(cuda_capability(x2.device))
     with torch.cuda.device(x2.device):  # ctypes launches into the current device's context
         err = lib.nanocore_awq_gemv(
             _DTYPES[x2.dtype], m, plan.words, x2.data_ptr(), x2.stride(0), qweight.data_ptr(), qzeros.data_ptr(),

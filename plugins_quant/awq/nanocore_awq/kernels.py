@@ -17,7 +17,6 @@ import torch.nn.functional as F
 
 from nanocore.toolkit.capability import triton_reason
 from nanocore.toolkit.gemm import (
-    DECODE_MAX_M,
     SPLITK_MAX_M,
     GemmConfig,
     check_splitk_rows,
@@ -36,7 +35,7 @@ try:
 except ImportError:  # CPU-only installs use the torch twin
     triton = None
 
-__all__ = ["DECODE_MAX_M", "awq_default_config", "awq_linear_gpu", "awq_linear_torch", "awq_linear_triton",
+__all__ = ["awq_default_config", "awq_linear_gpu", "awq_linear_torch", "awq_linear_triton",
            "run_awq_kernel"]
 _warned: set[str] = set()
 

@@ -4,9 +4,18 @@ import importlib
 import pytest
 import torch
 
+from nanocore.toolkit.capability import cuda_capability
 from nanocore_cutlass import CutlassFp8LinearMethod, build
 
 CUDA = torch.device("cuda")
+
+
+@pytest.fixture(autouse=True)
+def _fresh_device_facts():
+    """The tests pretend GPUs by patching torch.cuda; toolkit.capability caches what it looked up per device."""
+    cuda_capability.cache_clear()
+    yield
+    cuda_capability.cache_clear()
 
 
 def _fake_cutlass_tree(root):
