@@ -103,7 +103,7 @@ def load_cuda_library(name: str, sources: list[Path], flags: list[str], timeout_
     folder = build_folder(name, sources, flags)
     library = folder / f"lib{name}.so"
     if not library.is_file():
-        failure = cached_failure(name, sources, flags)
+        failure = recorded_failure(folder)
         if failure:
             raise CudaBuildError(failure)
         _compile(name, sources, flags, folder, library, timeout_s)
