@@ -60,14 +60,18 @@ class SegmentBuffers:
 
     def stash(self, layer: Attention, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """Copy a layer's q/k/v (``[Tb, heads, head_dim]``) in; returns the output rows the next segment reads."""
-        n = q.shape[0]
-        for buf, x in ((self.q, q), (self.k, k), (self.v, v)):
-            self._rows(buf, n, x.shape[1], x.shape[2]).copy_(x)
-        return self._rows(self.out, n, layer.num_heads, layer.head_dim).view(n, -1)
+        q_rows, k_rows, v_rows, out = self.views(layer, q.shape[0])
+        for rows, x in ((q_rows, q), (k_rows, k), (v_rows, v)):
+            rows.copy_(x)
+        return out.view(q.shape[0], -1)
 
-    def attend(self, layer: Attention, views: tuple[torch.Tensor, ...], meta: AttentionMetadata) -> None:
-        """The layer's KV store and attention for the step's rows (``views(layer, n)``), into ``out``."""
-        q, k, v, out = views
+    def attend(self, layer: Attention, n: int, meta: AttentionMetadata, step_views: dict) -> None:
+        """The layer's KV store and attention for the step's ``n`` rows, into ``out``; ``step_views`` memoises the
+        views per attention width for the step (built once per step, not per layer)."""
+        key = (layer.num_heads, layer.num_kv_heads, layer.head_dim)
+        if key not in step_views:
+            step_views[key] = self.views(layer, n)
+        q, k, v, out = step_views[key]
         out.copy_(layer.attend(q, k, v, meta))
 
 
@@ -150,15 +154,11 @@ class PiecewiseGraphs:
         """Hidden states ``[T, H]`` of a step with prefill chunks: segment replays, eager attention between."""
         n, bs = self._load_inputs(input_ids, positions)
         segments, layers = self.segments[bs], self.layers[bs]
-        views = {}  # per attention width (one for every model today): built once per step, not per layer
+        step_views = {}
         for i, graph in enumerate(segments):
             graph.replay()
             if i < len(layers):
-                layer = layers[i]
-                key = (layer.num_heads, layer.num_kv_heads, layer.head_dim)
-                if key not in views:
-                    views[key] = self.buffers.views(layer, n)
-                self.buffers.attend(layer, views[key], meta)
+                self.buffers.attend(layers[i], n, meta, step_views)
         return self.outputs[bs][:n]
 
     def segmented_forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -166,11 +166,12 @@ class PiecewiseGraphs:
         """The same plumbing without graphs (padding to the bucket, static buffers, attention on the first ``T``
         rows of the step's ``meta``), attention at each cut; ``meta`` None skips attention (pre-capture warm-up)."""
         n, bs = self._load_inputs(input_ids, positions)
+        step_views = {}
 
         def cut(layer, q, k, v):
             out = self.buffers.stash(layer, q, k, v)
             if meta is not None:
-                self.buffers.attend(layer, self.buffers.views(layer, n), meta)
+                self.buffers.attend(layer, n, meta, step_views)
             return out
 
         seg_meta = self._capture_meta(bs, input_ids.device)
