@@ -159,7 +159,8 @@ _NARROW_DTYPES = (torch.int8, torch.float8_e4m3fn)
 def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int, int], k_group: int,
                  head_dim: int) -> dict:
     """Constexprs of the fp16 path for ``paged_attention_kernel`` (``NARROW`` False where ``path`` or the
-    layout does not allow it: then the kernel takes the "fold" path)."""
+    layout does not allow it: then the kernel takes the "fold" path). ``paged_attention`` memoises the result per step
+    under a key of what this reads (dtypes, scale codes and strides, group, shapes): a new input belongs in that key."""
     off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
                KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1, WORDS=0)
     k_groups = head_dim // k_group if codes[0] == 2 else 1
