@@ -77,7 +77,7 @@ def test_in_tree_plugins_declare_through_their_distribution():
 SINCE_MINOR = {
     "nanocore.toolkit.reference": 1, "nanocore.toolkit.moe_weights": 2, "nanocore.toolkit.cuda_library": 3,
     "nanocore.toolkit.act_quant": 4, "SPLITK_MAX_M": 4, "weight_only_config": 4, "cuda_capability": 4,
-    "sm_count": 4,
+    "sm_count": 4, "kernel_uses_triton": 4,
 }
 
 

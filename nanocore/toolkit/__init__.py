@@ -44,7 +44,8 @@ module                          what it offers
 ``toolkit.prefix_cache``        block-chain helpers (``full_blocks``, ``published_prefix``, ``check_insert``), an
                                 LRU of evictable blocks, the counters ``stats()`` reports
 ``toolkit.capability``          ``supports()`` building blocks: ``cuda_capability_reason``, ``triton_reason``;
-                                ``cuda_capability``, ``sm_count`` looked up once per device (since 1.4)
+                                ``cuda_capability``, ``sm_count`` looked up once per device, ``kernel_uses_triton``
+                                (a ``kernel`` option's meaning on a device; since 1.4)
 ``toolkit.paths``               ``cache_dir()``: where a plugin keeps compiled kernels and tuned configs
 ``toolkit.timing``              CUDA-event and CUDA-graph timers for a plugin's own tuning
 ``toolkit.reference``           the reference backends (the oracles), to subclass or delegate to

@@ -45,3 +45,12 @@ def triton_reason(device: torch.device, what: str) -> str | None:
     if reason:
         return reason
     return None if _triton_installed() else f"{what} needs the 'triton' package (pip install triton)"
+
+
+def kernel_uses_triton(kernel: str, device: torch.device, what: str, required: tuple[str, ...] = ("triton",)) -> bool:
+    """Whether a method's ``kernel`` option runs its Triton kernels on ``device`` (since 1.4): ``"torch"`` never,
+    ``"auto"`` (or any other choice) where Triton runs, a choice in ``required`` there or a clear error."""
+    usable = device.type == "cuda" and kernel != "torch" and triton_reason(device, what) is None
+    if kernel in required and not usable:
+        raise RuntimeError(f"{what}: kernel={kernel!r} needs a CUDA GPU with Triton; use kernel='auto'")
+    return usable

@@ -15,7 +15,7 @@ import logging
 import torch
 import torch.nn.functional as F
 
-from nanocore.toolkit.capability import triton_reason
+from nanocore.toolkit.capability import kernel_uses_triton
 from nanocore.toolkit.gemm import (
     SPLITK_MAX_M,
     GemmConfig,
@@ -48,10 +48,7 @@ def awq_linear_torch(x, qweight, qzeros, scales, bias=None):
 def run_awq_kernel(kernel: str, name: str, x, qweight, qzeros, scales, bias=None):
     """What the ``kernel`` option picks: ``torch`` (and any CPU tensor) the twin, ``triton`` the Triton kernels,
     ``auto`` / ``cuda`` the CUDA GEMV for M <= 4 and Triton beyond (``cuda``: an error if the GEMV cannot build)."""
-    usable = x.is_cuda and kernel != "torch" and triton_reason(x.device, name) is None
-    if kernel in ("triton", "cuda") and not usable:
-        raise RuntimeError(f"{name}: kernel={kernel!r} needs a CUDA GPU with Triton; use kernel='auto'")
-    if not usable:
+    if not kernel_uses_triton(kernel, x.device, name, required=("triton", "cuda")):
         return awq_linear_torch(x, qweight, qzeros, scales, bias)
     if kernel == "triton":
         return awq_linear_triton(x, qweight, qzeros, scales, bias)

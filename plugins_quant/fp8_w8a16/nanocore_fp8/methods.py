@@ -14,7 +14,7 @@ import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.act_quant import quantize_per_token
-from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.capability import cuda_capability_reason, kernel_uses_triton
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, fp8_weight_blocks, quantize_checkpoint_linears
 from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
@@ -61,12 +61,7 @@ class _Fp8Base(LinearMethod):
         self.weights.finish(layer)
 
     def _use_triton(self, x: torch.Tensor) -> bool:
-        if self.kernel == "torch":
-            return False
-        usable = x.is_cuda and triton_reason(x.device, self.name) is None
-        if self.kernel == "triton" and not usable:
-            raise RuntimeError(f"{self.name}: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
-        return usable
+        return kernel_uses_triton(self.kernel, x.device, self.name)
 
     @classmethod
     def _quantize(cls, weights, calibration, scheme: str, fp8_scale: str = "search"):

@@ -14,7 +14,7 @@ import torch
 
 from nanocore.interfaces import LinearMethod, QuantArgs, QuantScheme, check_options, choice_option
 from nanocore.toolkit.act_quant import quantize_per_token
-from nanocore.toolkit.capability import cuda_capability_reason, triton_reason
+from nanocore.toolkit.capability import cuda_capability_reason, kernel_uses_triton
 from nanocore.toolkit.checkpoint import CheckpointFormatError, quantize_checkpoint_linears
 from nanocore.toolkit.checkpoint_support import int8_support
 from nanocore.toolkit.gemm import (
@@ -104,10 +104,7 @@ class _Int8Base(LinearMethod):
         self.weights.finish(layer)
 
     def _triton_usable(self, x: torch.Tensor) -> bool:
-        usable = x.is_cuda and self.kernel != "torch" and triton_reason(x.device, self.name) is None
-        if self.kernel == "triton" and not usable:
-            raise RuntimeError(f"{self.name}: kernel='triton' needs a CUDA GPU with Triton; use kernel='auto'")
-        return usable
+        return kernel_uses_triton(self.kernel, x.device, self.name)
 
     def _weight_only(self, layer, x, bias):
         if self._triton_usable(x):
