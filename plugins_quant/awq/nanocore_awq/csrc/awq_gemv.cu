@@ -169,9 +169,7 @@ __global__ void __launch_bounds__(kThreads) awq_gemv_kernel(
   for (int r0 = 0; r0 < rows; r0 += 2 * kUnroll) {  // rows is a multiple of 16: batches come in pairs
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) load_words<WORDS>(wp + (int64_t)(r0 + kUnroll + u) * nw, b[u]);
-    fma_batch<M, WORDS>(t, a, xs, rows, r0, lo, hi, one);
-    if ((row0 + r0 + kUnroll) % group_size == 0)
-      close_group<T, M, WORDS>(t, qzeros, scales, (row0 + r0) / group_size, n, word);
+    fma_batch<M, WORDS>(t, a, xs, rows, r0, lo, hi, one);  // no group ends here: groups are multiples of 16 rows
     if (r0 + 2 * kUnroll < rows) {
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) load_words<WORDS>(wp + (int64_t)(r0 + 2 * kUnroll + u) * nw, a[u]);
