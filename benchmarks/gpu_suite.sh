@@ -420,7 +420,8 @@ s11a)  # next session first (<= 300 s): session 10's last mends on the GPU (act_
   # float32 inputs; awq split-K at M = 24 / 32), then the W8A8 prefill re-timed with the final quantizer
   o=/tmp/s11a; mkdir -p $o; pack() { tar -czf "$out/s11a.tgz" -C $o . ; }
   timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_act_quant.py tests/test_quant_gemm.py \
-    plugins_quant/awq/tests/test_kernels.py plugins_quant/int8_w8a8 plugins_quant/fp8_w8a16 >$o/tests.log 2>&1
+    plugins_quant/awq/tests/test_kernels.py plugins_quant/awq/tests/test_gemv_cuda.py plugins_quant/int8_w8a8 \
+    plugins_quant/fp8_w8a16 >$o/tests.log 2>&1
   echo "tests exit $?"; tail -4 $o/tests.log; pack
   for m in unquantized int8_w8a8 fp8_w8a8; do
     timeout 40 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
