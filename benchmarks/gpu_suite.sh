@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, next session's s11a, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -427,6 +427,34 @@ s11a)  # next session first (<= 300 s): session 10's last mends on the GPU (act_
     timeout 40 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
       --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
     pack
+  done ;;
+s11b)  # issue 19 item 2 (<= 560 s): the fused q / k RMSNorm + RoPE and the dropped v copy, before (BEFORE_TAR: a
+  # git archive of the parent commit, run from its own tree) and after (this tree) in one call: the new cuda tests
+  # and the engine's (graphs == eager), step profiles at batch 1 and 256 x 512, 0.6B / 7B batch-1 latency, throughput
+  o=/tmp/s11b; mkdir -p $o; pack() { tar -czf "$out/s11b.tgz" -C $o . ; }
+  rm -rf /tmp/b; mkdir -p /tmp/b && tar -xf "${BEFORE_TAR:?set BEFORE_TAR}" -C /tmp/b || exit 1
+  timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_kernels_small_ops.py tests/test_gpu_engine.py \
+    >$o/tests.log 2>&1; echo "tests exit $?"; tail -3 $o/tests.log; pack
+  here=$PWD; (cd /tmp/b && python3 -c "import nanocore; print('before tree imports', nanocore.__file__)")
+  for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
+    (cd $d && timeout 110 python3 -m benchmarks.step_profile $Q06 --batch-sizes 1 256 --context-len 512 \
+      --kernel-table 16 --json $o/step_profile_0.6b_$tree.json >$o/step_profile_$tree.log 2>&1)
+    echo "step_profile $tree exit $?"; grep -A3 "^batch_size  context_len  step_ms" $o/step_profile_$tree.log | head -3; pack
+  done
+  for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
+    (cd $d && timeout 45 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 \
+      --json $o/latency_qwen3_0.6b_$tree.json >$o/latency_0.6b_$tree.log 2>&1); echo "latency 0.6b $tree exit $?"
+    tail -1 $o/latency_0.6b_$tree.log; pack
+  done
+  for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
+    (cd $d && timeout 80 $N bench throughput $Q06 --max-model-len 2048 \
+      --json $o/throughput_qwen3_0.6b_$tree.json >$o/throughput_$tree.log 2>&1); echo "throughput $tree exit $?"
+    tail -1 $o/throughput_$tree.log; pack
+  done
+  for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
+    (cd $d && timeout 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 \
+      --json $o/latency_qwen2.5_7b_$tree.json >$o/latency_7b_$tree.log 2>&1); echo "latency 7b $tree exit $?"
+    tail -1 $o/latency_7b_$tree.log; pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \

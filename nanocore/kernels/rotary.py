@@ -3,6 +3,10 @@
 Reads the fp32 ``cos_sin_cache[max_position, rotary_dim]`` (cos | sin halves) at each token's position.
 The numbers follow ``rotary_reference`` in nanocore/layers/rotary.py: cos/sin are rounded to the q/k
 dtype, and each product and each sum is rounded to it, as the torch ops do one at a time.
+
+With ``NORM`` (Qwen3's per-head q / k RMSNorm before RoPE) the same program first normalizes each head, as
+``rms_norm_reference`` does (fp32 statistics, ``weight * normed`` rounded to the dtype): one launch instead
+of three per layer, which matters in small decode steps where every launch costs a few microseconds.
 """
 from __future__ import annotations
 
@@ -12,9 +16,11 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(x_ptr, tok, stride_t, stride_h, cos, sin,
-                  H: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr):
-    """Rotates the first ``2 * HALF`` features of the ``H`` heads of one token; the rest stay as they are."""
+def _rotate_heads(x_ptr, w_ptr, eps, tok, stride_t, stride_h, cos, sin,
+                  H: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+                  NORM: tl.constexpr):
+    """Rotates the first ``2 * HALF`` features of the ``H`` heads of one token; the rest stay as they are.
+    With ``NORM`` (only when ``2 * HALF`` is the whole head) each head is RMS-normalized by ``w`` first."""
     h = tl.arange(0, H_PAD)
     c = tl.arange(0, HALF_PAD)
     ok = (h < H)[:, None] & (c < HALF)[None, :]
@@ -22,6 +28,13 @@ def _rotate_heads(x_ptr, tok, stride_t, stride_h, cos, sin,
     ty = x_ptr.dtype.element_ty
     x1 = tl.load(p1, mask=ok, other=0.0).to(tl.float32)
     x2 = tl.load(p1 + HALF, mask=ok, other=0.0).to(tl.float32)
+    if NORM:
+        inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF) + eps)[:, None]
+        w1 = tl.load(w_ptr + c, mask=c < HALF, other=0.0).to(tl.float32)[None, :]
+        w2 = tl.load(w_ptr + HALF + c, mask=c < HALF, other=0.0).to(tl.float32)[None, :]
+        # the reference rounds the normalized value, then the weight product, to the dtype
+        x1 = (w1 * (x1 * inv_rms).to(ty).to(tl.float32)).to(ty).to(tl.float32)
+        x2 = (w2 * (x2 * inv_rms).to(ty).to(tl.float32)).to(ty).to(tl.float32)
     o1 = ((x1 * cos).to(ty).to(tl.float32) - (x2 * sin).to(ty).to(tl.float32)).to(ty)
     o2 = ((x2 * cos).to(ty).to(tl.float32) + (x1 * sin).to(ty).to(tl.float32)).to(ty)
     tl.store(p1, o1, mask=ok)
@@ -30,9 +43,10 @@ def _rotate_heads(x_ptr, tok, stride_t, stride_h, cos, sin,
 
 @triton.jit
 def rotary_kernel(
-    pos_ptr, cache_ptr, q_ptr, k_ptr, cache_stride, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
+    pos_ptr, cache_ptr, q_ptr, k_ptr, qw_ptr, kw_ptr, q_eps, k_eps,
+    cache_stride, q_stride_t, q_stride_h, k_stride_t, k_stride_h,
     NUM_Q_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HALF: tl.constexpr,
-    Q_PAD: tl.constexpr, KV_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+    Q_PAD: tl.constexpr, KV_PAD: tl.constexpr, HALF_PAD: tl.constexpr, NORM: tl.constexpr,
 ):
     tok = tl.program_id(0).to(tl.int64)
     pos = tl.load(pos_ptr + tok).to(tl.int64)
@@ -43,10 +57,11 @@ def rotary_kernel(
     # torch casts cos/sin to the q/k dtype before the products
     qc = cos.to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
     qs = sin.to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr, tok, q_stride_t, q_stride_h, qc, qs, NUM_Q_HEADS, HALF, Q_PAD, HALF_PAD)
+    _rotate_heads(q_ptr, qw_ptr, q_eps, tok, q_stride_t, q_stride_h, qc, qs, NUM_Q_HEADS, HALF, Q_PAD, HALF_PAD, NORM)
     kc = cos.to(k_ptr.dtype.element_ty).to(tl.float32)[None, :]
     ks = sin.to(k_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    _rotate_heads(k_ptr, tok, k_stride_t, k_stride_h, kc, ks, NUM_KV_HEADS, HALF, KV_PAD, HALF_PAD)
+    _rotate_heads(k_ptr, kw_ptr, k_eps, tok, k_stride_t, k_stride_h, kc, ks, NUM_KV_HEADS, HALF, KV_PAD, HALF_PAD,
+                  NORM)
 
 
 def heads_view(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -62,9 +77,20 @@ def can_rotate_in_place(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> bool
         return False
 
 
+def can_fuse_qk_norm(q: torch.Tensor, head_dim: int, rotary_dim: int, weights) -> bool:
+    """The fused per-head RMSNorm needs the whole head rotated and weights of the q / k dtype (the
+    reference's ``weight * normed`` then rounds to that dtype, as the kernel does)."""
+    return rotary_dim == head_dim and all(w.dtype == q.dtype and w.numel() == head_dim for w in weights)
+
+
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-                     head_dim: int, rotary_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same result as ``rotary_reference``, written into ``q`` and ``k``; returns them."""
+                     head_dim: int, rotary_dim: int, norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
+                     norm_eps: tuple[float, float] = (0.0, 0.0)) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same result as ``rotary_reference`` (after ``rms_norm_reference`` of each head by ``norm_weights`` =
+    (q weight, k weight) when given, see ``can_fuse_qk_norm``), written into ``q`` and ``k``; returns them."""
+    if norm_weights is not None and not can_fuse_qk_norm(q, head_dim, rotary_dim, norm_weights):
+        raise ValueError(f"rotary_embedding: the fused q / k RMSNorm needs rotary_dim == head_dim ({rotary_dim} vs "
+                         f"{head_dim}) and {head_dim}-element weights of dtype {q.dtype}; normalize first instead")
     qv, kv = heads_view(q, head_dim), heads_view(k, head_dim)
     num_tokens = qv.shape[0]
     if num_tokens == 0:
@@ -72,9 +98,10 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     half = rotary_dim // 2
     q_pad, kv_pad, half_pad = (triton.next_power_of_2(n) for n in (qv.shape[1], kv.shape[1], half))
     warps = min(max(q_pad * half_pad // 256, 1), 8)
+    q_weight, k_weight = norm_weights if norm_weights is not None else (qv, kv)  # unread without NORM
     rotary_kernel[(num_tokens,)](
-        positions, cos_sin_cache, qv, kv, cos_sin_cache.stride(0),
-        qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1),
+        positions, cos_sin_cache, qv, kv, q_weight, k_weight, float(norm_eps[0]), float(norm_eps[1]),
+        cos_sin_cache.stride(0), qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1),
         NUM_Q_HEADS=qv.shape[1], NUM_KV_HEADS=kv.shape[1], HALF=half,
-        Q_PAD=q_pad, KV_PAD=kv_pad, HALF_PAD=half_pad, num_warps=warps)
+        Q_PAD=q_pad, KV_PAD=kv_pad, HALF_PAD=half_pad, NORM=norm_weights is not None, num_warps=warps)
     return q, k

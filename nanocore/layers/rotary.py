@@ -69,15 +69,25 @@ class RotaryEmbedding(nn.Module):
         freqs = torch.outer(torch.arange(max_position, dtype=torch.float32, device=inv_freq.device), inv_freq)
         self.register_buffer("cos_sin_cache", torch.cat([freqs.cos(), freqs.sin()], dim=-1), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``q[T, Hq*D]``, ``k[T, Hkv*D]`` (or already ``[T, H, D]``) -> rotated, same shapes.
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None = None,
+                k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``q[T, Hq*D]``, ``k[T, Hkv*D]`` (or already ``[T, H, D]``) -> rotated, same shapes. ``q_norm`` /
+        ``k_norm`` (RMSNorm over each head, Qwen3) are applied first when given.
 
-        On CUDA the Triton kernel rotates q and k in place (one launch) and returns them.
+        On CUDA the Triton kernel normalizes and rotates q and k in place (one launch) and returns them.
         """
+        norms = (q_norm, k_norm) if q_norm is not None else None
         if q.is_cuda and small_ops_available():
-            from nanocore.kernels.rotary import can_rotate_in_place, rotary_embedding
-            if can_rotate_in_place(q, k, self.head_dim):
-                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim)
+            from nanocore.kernels.rotary import can_fuse_qk_norm, can_rotate_in_place, rotary_embedding
+            weights = None if norms is None else (q_norm.weight, k_norm.weight)
+            if can_rotate_in_place(q, k, self.head_dim) and (
+                    norms is None or can_fuse_qk_norm(q, self.head_dim, self.rotary_dim, weights)):
+                eps = (0.0, 0.0) if norms is None else (q_norm.eps, k_norm.eps)
+                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim,
+                                        weights, eps)
+        if norms is not None:
+            q = q_norm(q.reshape(q.shape[0], -1, self.head_dim)).reshape(q.shape)
+            k = k_norm(k.reshape(k.shape[0], -1, self.head_dim)).reshape(k.shape)
         return rotary_reference(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim)
 
 

@@ -58,11 +58,9 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        if self.q_norm is not None:
-            q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim))
-            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim))
-        q, k = self.rotary_emb(positions, q.reshape(-1, q_size), k.reshape(-1, kv_size))
-        return self.o_proj(self.attn(q, k, v.contiguous(), meta))
+        # per-head q / k RMSNorm (Qwen3) and RoPE in one launch on CUDA; v stays a view (the store takes strides)
+        q, k = self.rotary_emb(positions, q, k, self.q_norm, self.k_norm)
+        return self.o_proj(self.attn(q, k, v, meta))
 
 
 class GatedMLP(nn.Module):
