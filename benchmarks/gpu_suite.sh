@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -455,6 +455,26 @@ s11b)  # issue 19 item 2 (<= 560 s): the fused q / k RMSNorm + RoPE and the drop
     (cd $d && timeout 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 \
       --json $o/latency_qwen2.5_7b_$tree.json >$o/latency_7b_$tree.log 2>&1); echo "latency 7b $tree exit $?"
     tail -1 $o/latency_7b_$tree.log; pack
+  done ;;
+s11c)  # issue 17 (<= 540 s): the KV-bound workload pair with the current decode tiles (never measured: the 1-warp
+  # tile's runs timed out at ea0a1b0 while compiling), ncu of the engine's default one-byte decode kernel at
+  # 64 x 4K (its limiter), prefill 8 x 4096 bf16 vs k_int8_v_fp8 re-timed; logs and JSON in OUTDIR/s11c.tgz
+  o=/tmp/s11c; mkdir -p $o; pack() { tar -czf "$out/s11c.tgz" -C $o . ; }
+  for c in k_int8_v_fp8 unquantized; do
+    timeout 175 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json" >$o/kv_bound_$c.log 2>&1
+    echo "kv-bound $c exit $?"; tail -2 $o/kv_bound_$c.log; pack
+  done
+  timeout 75 ncu --clock-control none --set full -k regex:paged_attention_kernel --launch-skip 4 --launch-count 1 \
+    -o $o/ncu_int8_default python3 -m benchmarks.attention_probe int8 >$o/ncu_int8_default.log 2>&1
+  echo "ncu exit $?"; tail -2 $o/ncu_int8_default.log
+  ncu -i $o/ncu_int8_default.ncu-rep --page details --csv >$o/ncu_int8_default.details.csv 2>&1
+  rm -f $o/ncu_int8_default.ncu-rep; pack
+  for spec in bf16 int8; do timeout 30 python3 -m benchmarks.attention_probe $spec --time 2>&1 | tail -1; done | tee $o/probe_times.txt
+  for c in unquantized k_int8_v_fp8; do
+    timeout 45 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager --kv-codec $c \
+      --json $o/prefill_qwen3_0.6b_$c.json >$o/prefill_$c.log 2>&1; echo "prefill $c exit $?"; tail -1 $o/prefill_$c.log
+    pack
   done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
