@@ -456,26 +456,28 @@ s11b)  # issue 19 item 2 (<= 560 s): the fused q / k RMSNorm + RoPE and the drop
       --json $o/latency_qwen2.5_7b_$tree.json >$o/latency_7b_$tree.log 2>&1); echo "latency 7b $tree exit $?"
     tail -1 $o/latency_7b_$tree.log; pack
   done ;;
-s11c)  # issue 17 (<= 540 s): the KV-bound workload pair with the current decode tiles (never measured: the 1-warp
-  # tile's runs timed out at ea0a1b0 while compiling), ncu of the engine's default one-byte decode kernel at
-  # 64 x 4K (its limiter), prefill 8 x 4096 bf16 vs k_int8_v_fp8 re-timed; logs and JSON in OUTDIR/s11c.tgz
+s11c)  # issues 16 / 17 (<= 590 s): prefill 4 x 4096 bf16 / int8_w8a8 / fp8_w8a8 at the final quantizer (s11a's limits
+  # of 40 s were too short for cold compiles), the KV-bound workload pair with the current decode tiles (never
+  # measured: the 1-warp tile's runs timed out at ea0a1b0 while compiling), ncu of the engine's default one-byte
+  # decode kernel at 64 x 4K (its limiter) and its timing; logs and JSON in OUTDIR/s11c.tgz after each step
   o=/tmp/s11c; mkdir -p $o; pack() { tar -czf "$out/s11c.tgz" -C $o . ; }
+  for m in unquantized int8_w8a8 fp8_w8a8; do
+    timeout 80 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+      --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
+    pack
+  done
   for c in k_int8_v_fp8 unquantized; do
-    timeout 175 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+    timeout 150 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json" >$o/kv_bound_$c.log 2>&1
     echo "kv-bound $c exit $?"; tail -2 $o/kv_bound_$c.log; pack
   done
-  timeout 75 ncu --clock-control none --set full -k regex:paged_attention_kernel --launch-skip 4 --launch-count 1 \
+  timeout 70 ncu --clock-control none --set full -k regex:paged_attention_kernel --launch-skip 4 --launch-count 1 \
     -o $o/ncu_int8_default python3 -m benchmarks.attention_probe int8 >$o/ncu_int8_default.log 2>&1
   echo "ncu exit $?"; tail -2 $o/ncu_int8_default.log
   ncu -i $o/ncu_int8_default.ncu-rep --page details --csv >$o/ncu_int8_default.details.csv 2>&1
   rm -f $o/ncu_int8_default.ncu-rep; pack
-  for spec in bf16 int8; do timeout 30 python3 -m benchmarks.attention_probe $spec --time 2>&1 | tail -1; done | tee $o/probe_times.txt
-  for c in unquantized k_int8_v_fp8; do
-    timeout 45 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --enforce-eager --kv-codec $c \
-      --json $o/prefill_qwen3_0.6b_$c.json >$o/prefill_$c.log 2>&1; echo "prefill $c exit $?"; tail -1 $o/prefill_$c.log
-    pack
-  done ;;
+  for spec in bf16 int8; do timeout 25 python3 -m benchmarks.attention_probe $spec --time 2>&1 | tail -1; done \
+    | tee $o/probe_times.txt; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
