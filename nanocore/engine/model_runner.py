@@ -291,4 +291,4 @@ class ModelRunner:
         inputs = self.prepare([seq], [seq.num_tokens - seq.num_computed_tokens], all_logits=True)
         meta = dataclasses.replace(inputs.meta, kv_from_cache=kv_from_cache, launch_choices={})  # a fresh memo
         hidden = self.model.forward(inputs.input_ids, inputs.positions, meta)
-        return self.model.compute_logits(hidden)
+        return self.model.compute_logits(hidden).float()  # evaluation scores in float32

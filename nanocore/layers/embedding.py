@@ -48,9 +48,11 @@ class ParallelLMHead(VocabParallelEmbedding):
     """Projects hidden states to vocab logits; every rank receives the full vocab (all-gather)."""
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits in the model dtype: the samplers read them as they are (argmax and the fused kernel are exact on
+        bf16; the torch path converts once), so a decode step writes no float32 copy of ``[rows, vocab]``."""
         logits = F.linear(hidden, self.weight)
         logits = tp_all_gather(logits, self.parallel, dim=-1)
-        return logits[..., :self.num_embeddings].float()
+        return logits[..., :self.num_embeddings].contiguous()  # a no-op unless the vocab was padded
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Share the embedding's table (tie_word_embeddings)."""
