@@ -456,28 +456,33 @@ s11b)  # issue 19 item 2 (<= 560 s): the fused q / k RMSNorm + RoPE and the drop
       --json $o/latency_qwen2.5_7b_$tree.json >$o/latency_7b_$tree.log 2>&1); echo "latency 7b $tree exit $?"
     tail -1 $o/latency_7b_$tree.log; pack
   done ;;
-s11c)  # issues 16 / 17 (<= 590 s): prefill 4 x 4096 bf16 / int8_w8a8 / fp8_w8a8 at the final quantizer (s11a's limits
-  # of 40 s were too short for cold compiles), the KV-bound workload pair with the current decode tiles (never
-  # measured: the 1-warp tile's runs timed out at ea0a1b0 while compiling), ncu of the engine's default one-byte
-  # decode kernel at 64 x 4K (its limiter) and its timing; logs and JSON in OUTDIR/s11c.tgz after each step
+s11c)  # issues 16 / 19 / 17 (<= 590 s; OUTDIR/s11c.tgz after each step): prefill 4 x 4096 bf16 / int8_w8a8 /
+  # fp8_w8a8 at the final quantizer (s11a's 40 s limits were too short for cold compiles); throughput of three
+  # workloads against their memory floors (nano-vllm; many short: 512 x 128..512 in / out; long: 128 x 512..2048
+  # in, 256..1024 out); the KV-bound pair with the current decode tiles (never measured: the 1-warp tile's runs
+  # timed out at ea0a1b0 while compiling); last, ncu of the engine's default one-byte decode kernel at 64 x 4K
   o=/tmp/s11c; mkdir -p $o; pack() { tar -czf "$out/s11c.tgz" -C $o . ; }
   for m in unquantized int8_w8a8 fp8_w8a8; do
-    timeout 80 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
+    timeout 70 $N bench prefill $Q7 --num-seqs 4 --prompt-len 4096 --max-model-len 4608 --enforce-eager --linear-method $m \
       --json $o/prefill_qwen2.5_7b_$m.json >$o/prefill_$m.log 2>&1; echo "prefill $m exit $?"; tail -1 $o/prefill_$m.log
     pack
   done
+  for w in "nano_vllm" "short_512 --num-seqs 512 --min-len 128 --max-len 512 --max-num-seqs 512" \
+      "long_128 --num-seqs 128 --min-len 512 --max-len 2048 --min-output-len 256 --max-output-len 1024 --max-model-len 4096"; do
+    set -- $w; tag=$1; shift
+    timeout 75 $N bench throughput $Q06 --max-model-len 2048 "$@" --json $o/throughput_qwen3_0.6b_$tag.json \
+      >$o/throughput_$tag.log 2>&1; echo "throughput $tag exit $?"; tail -2 $o/throughput_$tag.log; pack
+  done
   for c in k_int8_v_fp8 unquantized; do
-    timeout 150 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+    timeout 130 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json "$o/throughput_kv_bound_llama3.1_8b_$c.json" >$o/kv_bound_$c.log 2>&1
     echo "kv-bound $c exit $?"; tail -2 $o/kv_bound_$c.log; pack
   done
-  timeout 70 ncu --clock-control none --set full -k regex:paged_attention_kernel --launch-skip 4 --launch-count 1 \
+  timeout 60 ncu --clock-control none --set full -k regex:paged_attention_kernel --launch-skip 4 --launch-count 1 \
     -o $o/ncu_int8_default python3 -m benchmarks.attention_probe int8 >$o/ncu_int8_default.log 2>&1
   echo "ncu exit $?"; tail -2 $o/ncu_int8_default.log
   ncu -i $o/ncu_int8_default.ncu-rep --page details --csv >$o/ncu_int8_default.details.csv 2>&1
-  rm -f $o/ncu_int8_default.ncu-rep; pack
-  for spec in bf16 int8; do timeout 25 python3 -m benchmarks.attention_probe $spec --time 2>&1 | tail -1; done \
-    | tee $o/probe_times.txt; pack ;;
+  rm -f $o/ncu_int8_default.ncu-rep; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
