@@ -16,9 +16,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _rotate_heads(x_ptr, w_ptr, eps, tok, stride_t, stride_h, cos, sin,
-                  H: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
-                  NORM: tl.constexpr):
+def _norm_rotate_heads(x_ptr, w_ptr, eps, tok, stride_t, stride_h, cos, sin,
+                       H: tl.constexpr, HALF: tl.constexpr, H_PAD: tl.constexpr, HALF_PAD: tl.constexpr,
+                       NORM: tl.constexpr):
     """Rotates the first ``2 * HALF`` features of the ``H`` heads of one token; the rest stay as they are.
     With ``NORM`` (only when ``2 * HALF`` is the whole head) each head is RMS-normalized by ``w`` first."""
     h = tl.arange(0, H_PAD)
@@ -57,11 +57,12 @@ def rotary_kernel(
     # torch casts cos/sin to the q/k dtype before the products
     qc = cos.to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
     qs = sin.to(q_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    _rotate_heads(q_ptr, qw_ptr, q_eps, tok, q_stride_t, q_stride_h, qc, qs, NUM_Q_HEADS, HALF, Q_PAD, HALF_PAD, NORM)
+    _norm_rotate_heads(q_ptr, qw_ptr, q_eps, tok, q_stride_t, q_stride_h, qc, qs, NUM_Q_HEADS, HALF, Q_PAD, HALF_PAD,
+                       NORM)
     kc = cos.to(k_ptr.dtype.element_ty).to(tl.float32)[None, :]
     ks = sin.to(k_ptr.dtype.element_ty).to(tl.float32)[None, :]
-    _rotate_heads(k_ptr, kw_ptr, k_eps, tok, k_stride_t, k_stride_h, kc, ks, NUM_KV_HEADS, HALF, KV_PAD, HALF_PAD,
-                  NORM)
+    _norm_rotate_heads(k_ptr, kw_ptr, k_eps, tok, k_stride_t, k_stride_h, kc, ks, NUM_KV_HEADS, HALF, KV_PAD, HALF_PAD,
+                       NORM)
 
 
 def heads_view(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -77,18 +78,22 @@ def can_rotate_in_place(q: torch.Tensor, k: torch.Tensor, head_dim: int) -> bool
         return False
 
 
-def can_fuse_qk_norm(q: torch.Tensor, head_dim: int, rotary_dim: int, weights) -> bool:
+#: Qwen3's per-head norms for the fused kernel: ((q weight, q eps), (k weight, k eps)).
+QKNorm = tuple[tuple[torch.Tensor, float], tuple[torch.Tensor, float]]
+
+
+def can_fuse_qk_norm(q: torch.Tensor, head_dim: int, rotary_dim: int, qk_norm: QKNorm) -> bool:
     """The fused per-head RMSNorm needs the whole head rotated and weights of the q / k dtype (the
     reference's ``weight * normed`` then rounds to that dtype, as the kernel does)."""
-    return rotary_dim == head_dim and all(w.dtype == q.dtype and w.numel() == head_dim for w in weights)
+    return rotary_dim == head_dim and all(w.dtype == q.dtype and w.numel() == head_dim for w, _ in qk_norm)
 
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
-                     head_dim: int, rotary_dim: int, norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,
-                     norm_eps: tuple[float, float] = (0.0, 0.0)) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same result as ``rotary_reference`` (after ``rms_norm_reference`` of each head by ``norm_weights`` =
-    (q weight, k weight) when given, see ``can_fuse_qk_norm``), written into ``q`` and ``k``; returns them."""
-    if norm_weights is not None and not can_fuse_qk_norm(q, head_dim, rotary_dim, norm_weights):
+                     head_dim: int, rotary_dim: int,
+                     qk_norm: QKNorm | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same result as ``rotary_reference`` (after ``rms_norm_reference`` of each head when ``qk_norm`` is given,
+    see ``can_fuse_qk_norm``), written into ``q`` and ``k``; returns them."""
+    if qk_norm is not None and not can_fuse_qk_norm(q, head_dim, rotary_dim, qk_norm):
         raise ValueError(f"rotary_embedding: the fused q / k RMSNorm needs rotary_dim == head_dim ({rotary_dim} vs "
                          f"{head_dim}) and {head_dim}-element weights of dtype {q.dtype}; normalize first instead")
     qv, kv = heads_view(q, head_dim), heads_view(k, head_dim)
@@ -98,10 +103,10 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, 
     half = rotary_dim // 2
     q_pad, kv_pad, half_pad = (triton.next_power_of_2(n) for n in (qv.shape[1], kv.shape[1], half))
     warps = min(max(q_pad * half_pad // 256, 1), 8)
-    q_weight, k_weight = norm_weights if norm_weights is not None else (qv, kv)  # unread without NORM
+    (q_weight, q_eps), (k_weight, k_eps) = qk_norm if qk_norm is not None else ((qv, 0.0), (kv, 0.0))  # unread
     rotary_kernel[(num_tokens,)](
-        positions, cos_sin_cache, qv, kv, q_weight, k_weight, float(norm_eps[0]), float(norm_eps[1]),
+        positions, cos_sin_cache, qv, kv, q_weight, k_weight, float(q_eps), float(k_eps),
         cos_sin_cache.stride(0), qv.stride(0), qv.stride(1), kv.stride(0), kv.stride(1),
         NUM_Q_HEADS=qv.shape[1], NUM_KV_HEADS=kv.shape[1], HALF=half,
-        Q_PAD=q_pad, KV_PAD=kv_pad, HALF_PAD=half_pad, NORM=norm_weights is not None, num_warps=warps)
+        Q_PAD=q_pad, KV_PAD=kv_pad, HALF_PAD=half_pad, NORM=qk_norm is not None, num_warps=warps)
     return q, k

@@ -52,7 +52,7 @@ class ParallelLMHead(VocabParallelEmbedding):
         bf16; the torch path converts once), so a decode step writes no float32 copy of ``[rows, vocab]``."""
         logits = F.linear(hidden, self.weight)
         logits = tp_all_gather(logits, self.parallel, dim=-1)
-        return logits[..., :self.num_embeddings].contiguous()  # a no-op unless the vocab was padded
+        return logits[..., :self.num_embeddings]
 
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         """Share the embedding's table (tie_word_embeddings)."""

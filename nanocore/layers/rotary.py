@@ -72,23 +72,28 @@ class RotaryEmbedding(nn.Module):
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, q_norm: nn.Module | None = None,
                 k_norm: nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """``q[T, Hq*D]``, ``k[T, Hkv*D]`` (or already ``[T, H, D]``) -> rotated, same shapes. ``q_norm`` /
-        ``k_norm`` (RMSNorm over each head, Qwen3) are applied first when given.
+        ``k_norm`` (RMSNorm modules over each head, Qwen3) are applied first when given.
 
         On CUDA the Triton kernel normalizes and rotates q and k in place (one launch) and returns them.
         """
-        norms = (q_norm, k_norm) if q_norm is not None else None
+        if (q_norm is None) != (k_norm is None):
+            raise ValueError("RotaryEmbedding: q_norm and k_norm go together (give both or neither)")
+        fused = None if q_norm is None else ((q_norm.weight, q_norm.eps), (k_norm.weight, k_norm.eps))
         if q.is_cuda and small_ops_available():
             from nanocore.kernels.rotary import can_fuse_qk_norm, can_rotate_in_place, rotary_embedding
-            weights = None if norms is None else (q_norm.weight, k_norm.weight)
-            if can_rotate_in_place(q, k, self.head_dim) and (
-                    norms is None or can_fuse_qk_norm(q, self.head_dim, self.rotary_dim, weights)):
-                eps = (0.0, 0.0) if norms is None else (q_norm.eps, k_norm.eps)
-                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim,
-                                        weights, eps)
-        if norms is not None:
-            q = q_norm(q.reshape(q.shape[0], -1, self.head_dim)).reshape(q.shape)
-            k = k_norm(k.reshape(k.shape[0], -1, self.head_dim)).reshape(k.shape)
+            if fused is not None and not (can_rotate_in_place(q, k, self.head_dim)
+                                          and can_fuse_qk_norm(q, self.head_dim, self.rotary_dim, fused)):
+                q, k, fused = *self._normalize_heads(q, k, q_norm, k_norm), None  # then the plain rotation kernel
+            if can_rotate_in_place(q, k, self.head_dim):
+                return rotary_embedding(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim, fused)
+        if fused is not None:
+            q, k = self._normalize_heads(q, k, q_norm, k_norm)
         return rotary_reference(positions, q, k, self.cos_sin_cache, self.head_dim, self.rotary_dim)
+
+    def _normalize_heads(self, q, k, q_norm: nn.Module, k_norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """The norms as separate ops (new tensors, same shapes as given)."""
+        return tuple(norm(x.reshape(x.shape[0], -1, self.head_dim)).reshape(x.shape)
+                     for x, norm in ((q, q_norm), (k, k_norm)))
 
 
 def rotary_reference(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin_cache: torch.Tensor,
