@@ -149,3 +149,15 @@ def test_cli_eval_compare_inline_configs(tiny_llama, tmp_path):
     data = json.loads(out.read_text())
     assert data["summary"]["exact_greedy_matches"] == data["summary"]["prompts"] == 8
     assert data["config_b"]["block_size"] == 4 and data["config_a"]["block_size"] == 16
+
+
+def test_step_logits_keep_the_model_dtype_and_prompt_logits_are_float32(tiny_llama):
+    """A decode step hands the sampler logits in the model dtype (no float32 copy of [rows, vocab]); evaluation
+    scores in float32."""
+    from nanocore.engine.llm_engine import LLMEngine
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=8, num_kv_blocks=8,
+                                    **{**CPU, "dtype": "bfloat16"}))
+    model = engine.runner.model
+    hidden = torch.randn(2, model.lm_head.weight.shape[1], dtype=torch.bfloat16)
+    assert model.compute_logits(hidden).dtype == torch.bfloat16
+    assert engine.prompt_logits([5, 6, 7, 8]).dtype == torch.float32

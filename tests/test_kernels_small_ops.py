@@ -157,62 +157,6 @@ def test_layers_on_cpu_use_the_reference():
     close(got[1], want[1], exact=True)
 
 
-def qk_norm_case(head_dim, dtype, device=DEVICE, **kw):
-    """A rotary case plus Qwen3's two per-head RMSNorm modules with random weights (never ones)."""
-    rope, positions, qkv, sizes = rotary_case(head_dim, head_dim, dtype, device=device, **kw)
-    norms = []
-    for eps in (1e-6, 1e-5):  # q and k with different eps: each must reach its own head
-        norm = RMSNorm(head_dim, eps, dtype).to(device)
-        norm.weight.data.copy_(randn(head_dim, dtype=dtype, device=device) + 1.0)
-        norms.append(norm)
-    return rope, positions, (qkv * 3.0).to(dtype), sizes, norms
-
-
-def qk_norm_then_rotary_reference(rope, positions, q, k, norms, head_dim):
-    """Qwen3's order as separate torch ops: RMSNorm of each q / k head, then RoPE."""
-    nq, nk = (rms_norm_reference(x.reshape(x.shape[0], -1, head_dim), n.weight, n.eps).reshape(x.shape)
-              for x, n in zip((q, k), norms))
-    return rotary_reference(positions, nq, nk, rope.cos_sin_cache, head_dim, head_dim)
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-@pytest.mark.parametrize("head_dim", [64, 128, 32])
-def test_rotary_fused_qk_norm_in_place(dtype, head_dim):
-    torch.manual_seed(head_dim)
-    rope, positions, qkv, sizes, norms = qk_norm_case(head_dim, dtype, hq=6, hkv=2)
-    q, k, v = qkv.split(sizes, dim=-1)
-    want_q, want_k = qk_norm_then_rotary_reference(rope, positions, q, k, norms, head_dim)
-    v_before = v.clone()
-    got_q, got_k = rotary_embedding(positions, q, k, rope.cos_sin_cache, head_dim, head_dim,
-                                    (norms[0].weight, norms[1].weight), (norms[0].eps, norms[1].eps))
-    assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
-    close(got_q, want_q)
-    close(got_k, want_k)
-    assert torch.equal(v, v_before)
-
-
-def test_rotary_fused_qk_norm_refuses_what_it_cannot_fuse():
-    rope, positions, qkv, sizes = rotary_case(64, 32, torch.float32)
-    q, k, _ = qkv.split(sizes, dim=-1)
-    weights = (randn(64), randn(64))
-    with pytest.raises(ValueError, match="rotary_dim == head_dim"):
-        rotary_embedding(positions, q, k, rope.cos_sin_cache, 64, 32, weights, (1e-6, 1e-6))
-    rope, positions, qkv, sizes = rotary_case(64, 64, torch.float16)
-    q, k, _ = qkv.split(sizes, dim=-1)
-    with pytest.raises(ValueError, match="dtype"):  # fp32 weights would promote the reference's output
-        rotary_embedding(positions, q, k, rope.cos_sin_cache, 64, 64, weights, (1e-6, 1e-6))
-
-
-def test_rotary_layer_with_qk_norm_on_cpu_is_the_reference_composition():
-    """The layer's non-CUDA path (and CUDA's fallback) normalizes with the modules, then rotates."""
-    rope, positions, qkv, sizes, norms = qk_norm_case(64, torch.float32, device="cpu")
-    q, k, _ = qkv.split(sizes, dim=-1)
-    want_q, want_k = qk_norm_then_rotary_reference(rope, positions, q, k, norms, 64)
-    got_q, got_k = rope(positions, q, k, *norms)
-    close(got_q, want_q, exact=True)
-    close(got_k, want_k, exact=True)
-
-
 CUDA_DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 
 
@@ -265,28 +209,6 @@ def test_cuda_rotary_layer(dtype, head_dim, rotary_dim, hq, hkv, tokens):
     assert got_q.data_ptr() == q.data_ptr()  # the Triton path ran (in place)
     close_to_rounding(got_q, want_q, magnitude)
     close_to_rounding(got_k, want_k, magnitude)
-    assert torch.equal(v, v_before)
-
-
-@pytest.mark.cuda
-@cuda
-@pytest.mark.parametrize("dtype", CUDA_DTYPES)
-@pytest.mark.parametrize("head_dim,hq,hkv", [(128, 16, 8), (128, 32, 4), (64, 9, 3)])
-@pytest.mark.parametrize("tokens", [1, 257])
-def test_cuda_rotary_layer_with_qk_norm(dtype, head_dim, hq, hkv, tokens):
-    """Qwen3's fused q / k RMSNorm + RoPE through the layer's dispatch, in place, against the two torch twins."""
-    torch.manual_seed(tokens + hq)
-    rope, positions, qkv, sizes, norms = qk_norm_case(head_dim, dtype, tokens=tokens, hq=hq, hkv=hkv,
-                                                      max_position=4096)
-    q, k, v = qkv.split(sizes, dim=-1)
-    want_q, want_k = qk_norm_then_rotary_reference(rope, positions, q, k, norms, head_dim)
-    v_before = v.clone()
-    magnitude = float(want_q.float().abs().max().clamp(min=want_k.float().abs().max()))
-    got_q, got_k = rope(positions, q, k, *norms)
-    assert got_q.data_ptr() == q.data_ptr()  # the fused Triton path ran (in place)
-    # normalized values, weight products and rotation each rounded: a few roundings of the output's size
-    close_to_rounding(got_q, want_q, magnitude, ulps=4.0)
-    close_to_rounding(got_k, want_k, magnitude, ulps=4.0)
     assert torch.equal(v, v_before)
 
 

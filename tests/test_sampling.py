@@ -154,3 +154,26 @@ def test_numpy_and_torch_scalars_and_any_iterable_of_ids_are_accepted_as_plain_p
     for bad in (dict(stop_token_ids=5), dict(stop_token_ids="12"), dict(temperature=torch.tensor([0.5, 1.0]))):
         with pytest.raises(ValueError):
             SamplingParams(**bad)
+
+
+@pytest.mark.parametrize("case", ["greedy", "banned", "logprobs", "top_k_top_p_min_p", "seeded"])
+def test_model_dtype_logits_sample_as_their_float32_copy(case):
+    """compute_logits hands the sampler bf16 logits: every path gives the tokens (and logprobs) of their float32
+    copy (the torch path converts once; argmax on bf16 is exact)."""
+    logits = random_logits(n=6, seed=4).to(torch.bfloat16)
+
+    def params():
+        p = {"greedy": lambda: tensors(6, temperature=0), "logprobs": lambda: tensors(6, temperature=0, logprobs=4),
+             "banned": lambda: tensors(6, temperature=0),
+             "top_k_top_p_min_p": lambda: tensors(6, top_k=5, top_p=0.9, min_p=0.05),
+             "seeded": lambda: tensors(6, generators=[torch.Generator().manual_seed(i) for i in range(6)])}[case]()
+        if case == "banned":
+            p.banned = (torch.tensor([0, 3]), logits.float().argmax(-1)[[0, 3]])
+        return p
+
+    got = Sampler(torch.Generator().manual_seed(1))(logits, params())
+    want = Sampler(torch.Generator().manual_seed(1))(logits.float(), params())
+    assert torch.equal(got.token_ids, want.token_ids)
+    if case == "logprobs":
+        assert torch.equal(got.logprob_token_ids, want.logprob_token_ids)
+        assert torch.equal(got.logprobs, want.logprobs)
