@@ -435,24 +435,26 @@ s11b)  # issue 19 item 2 (<= 560 s): the fused q / k RMSNorm + RoPE and the drop
   rm -rf /tmp/b; mkdir -p /tmp/b && tar -xf "${BEFORE_TAR:?set BEFORE_TAR}" -C /tmp/b || exit 1
   timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_kernels_small_ops.py tests/test_gpu_engine.py \
     >$o/tests.log 2>&1; echo "tests exit $?"; tail -3 $o/tests.log; pack
+  # the JSONs' git_commit: BEFORE_COMMIT for the before tree (session 11's call lacked it: its *_before.json say a9b3842)
+  commit_of() { if [ "$1" = before ]; then echo "${BEFORE_COMMIT:-unknown-before}"; else echo "$NANOCORE_GIT_COMMIT"; fi; }
   here=$PWD; (cd /tmp/b && python3 -c "import nanocore; print('before tree imports', nanocore.__file__)")
   for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
-    (cd $d && timeout 110 python3 -m benchmarks.step_profile $Q06 --batch-sizes 1 256 --context-len 512 \
+    (cd $d && NANOCORE_GIT_COMMIT=$(commit_of $tree) timeout 110 python3 -m benchmarks.step_profile $Q06 --batch-sizes 1 256 --context-len 512 \
       --kernel-table 16 --json $o/step_profile_0.6b_$tree.json >$o/step_profile_$tree.log 2>&1)
     echo "step_profile $tree exit $?"; grep -A3 "^batch_size  context_len  step_ms" $o/step_profile_$tree.log | head -3; pack
   done
   for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
-    (cd $d && timeout 45 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 \
+    (cd $d && NANOCORE_GIT_COMMIT=$(commit_of $tree) timeout 45 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 \
       --json $o/latency_qwen3_0.6b_$tree.json >$o/latency_0.6b_$tree.log 2>&1); echo "latency 0.6b $tree exit $?"
     tail -1 $o/latency_0.6b_$tree.log; pack
   done
   for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
-    (cd $d && timeout 80 $N bench throughput $Q06 --max-model-len 2048 \
+    (cd $d && NANOCORE_GIT_COMMIT=$(commit_of $tree) timeout 80 $N bench throughput $Q06 --max-model-len 2048 \
       --json $o/throughput_qwen3_0.6b_$tree.json >$o/throughput_$tree.log 2>&1); echo "throughput $tree exit $?"
     tail -1 $o/throughput_$tree.log; pack
   done
   for tree in after before; do d=$here; [ $tree = before ] && d=/tmp/b
-    (cd $d && timeout 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 \
+    (cd $d && NANOCORE_GIT_COMMIT=$(commit_of $tree) timeout 55 $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 \
       --json $o/latency_qwen2.5_7b_$tree.json >$o/latency_7b_$tree.log 2>&1); echo "latency 7b $tree exit $?"
     tail -1 $o/latency_7b_$tree.log; pack
   done ;;
