@@ -21,6 +21,14 @@ def checkpoint(tmp_path_factory):
                            num_attention_heads=4, num_key_value_heads=2, vocab_size=512, num_hidden_layers=3)
 
 
+@pytest.fixture(scope="module")
+def qwen3_checkpoint(tmp_path_factory):
+    """Qwen3: per-head q / k RMSNorm, fused into the RoPE kernel on the GPU (the CPU runs the torch twins)."""
+    from model_fixtures import make_checkpoint
+    return make_checkpoint(tmp_path_factory.mktemp("gpu") / "qwen3", "qwen3", hidden_size=256, intermediate_size=512,
+                           num_attention_heads=4, num_key_value_heads=2, vocab_size=512, num_hidden_layers=3)
+
+
 PROMPTS = [[(7 * i + 3 * j) % 500 + 1 for j in range(5 + 3 * i)] for i in range(6)]
 
 
@@ -62,8 +70,10 @@ def test_piecewise_graphs_for_prefill_chunks_equal_eager(checkpoint):
     assert outputs[True] == outputs[False]
 
 
-def test_gpu_greedy_equals_cpu_until_a_near_tie(checkpoint):
+@pytest.mark.parametrize("model", ["checkpoint", "qwen3_checkpoint"])
+def test_gpu_greedy_equals_cpu_until_a_near_tie(model, request):
     from nanocore import LLM
+    checkpoint = request.getfixturevalue(model)
     cpu = greedy(LLM(str(checkpoint), device="cpu", num_kv_blocks=256), logprobs=2)
     gpu = greedy(LLM(str(checkpoint), device="cuda", dtype="float32", num_kv_blocks=256))
     for c, g in zip(cpu, gpu):
