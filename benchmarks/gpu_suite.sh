@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -493,6 +493,11 @@ s11d)  # the per-step logits in the model dtype (a6be50a) on the GPU (<= 170 s):
   timeout 65 python3 -m benchmarks.step_profile $Q06 --batch-sizes 1 256 --context-len 512 --kernel-table 16 \
     --json $o/step_profile_0.6b.json >$o/step_profile.log 2>&1; echo "step_profile exit $?"
   grep -A3 "^batch_size  context_len  step_ms" $o/step_profile.log | head -3; pack ;;
+s12a)  # next session first (<= 200 s): session 11's post-review code on the GPU: the fused q / k norm + RoPE tests in
+  # their own file (the (weight, eps) API, the partial-rotary fallback) and the engine's, incl. the tiny Qwen3 greedy case
+  o=/tmp/s12a; mkdir -p $o; pack() { tar -czf "$out/s12a.tgz" -C $o . ; }
+  timeout 180 python3 -m pytest -q -rf --tb=short tests/test_kernels_rotary.py tests/test_kernels_small_ops.py \
+    tests/test_gpu_engine.py >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
