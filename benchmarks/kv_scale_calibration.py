@@ -34,18 +34,16 @@ class ChannelScales:
         self._original = attention_module.Attention.attend
 
     def __enter__(self):
-        wrapper = self
-
         def attend(layer, q, k, v, meta):
-            if wrapper.scales is None:
+            if self.scales is None:
                 seen = k.detach().abs().amax(dim=0).float()  # [kv heads, head_dim]
-                old = wrapper.amax.get(layer.layer_idx)
-                wrapper.amax[layer.layer_idx] = seen if old is None else torch.maximum(old, seen)
+                old = self.amax.get(layer.layer_idx)
+                self.amax[layer.layer_idx] = seen if old is None else torch.maximum(old, seen)
             else:
-                s = wrapper.scales[layer.layer_idx].to(k.dtype)
+                s = self.scales[layer.layer_idx].to(k.dtype)
                 group = layer.num_heads // layer.num_kv_heads
                 q, k = q * s.repeat_interleave(group, dim=0), k / s
-            return wrapper._original(layer, q, k, v, meta)
+            return self._original(layer, q, k, v, meta)
 
         attention_module.Attention.attend = attend
         return self

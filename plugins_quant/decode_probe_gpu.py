@@ -14,6 +14,7 @@ import sys
 import torch
 from nanocore_awq.kernels import awq_linear_gpu, awq_linear_torch, awq_linear_triton
 
+from nanocore.bench.linear import SHAPES as LAYER_SHAPES
 from nanocore.toolkit.gemm import (
     GemmConfig,
     weight_only_linear,
@@ -26,7 +27,7 @@ from nanocore.toolkit.numerics import (
 )
 from nanocore.toolkit.timing import time_ms
 
-SHAPES = {"qkv": (4608, 3584), "down": (3584, 18944), "gate_up": (37888, 3584)}  # (N, K): nanocore.bench.linear
+SHAPES = {name.removesuffix("_proj"): nk for name, nk in LAYER_SHAPES["qwen2.5-7b"].items()}  # qkv, o, gate_up, down
 #: name -> (weight format, config or None for the default; "cuda" for the AWQ CUDA GEMV)
 KERNELS = {
     "fp8_splitk_default": ("fp8", GemmConfig("splitk", 16, 32, 256)),  # the M = 1 default before
