@@ -26,13 +26,24 @@ TILES = [(128, 4, 2), (128, 8, 2), (128, 4, 3), (64, 4, 2), (64, 4, 3), (64, 2, 
 SPLIT_TILES = [(64, 4, 3), (64, 2, 3), (32, 2, 3)]
 #: second round (after the first showed 1-warp programs winning): 1-warp tiles x forced splits, fp16_hwcvt
 ONE_WARP_TILES = [(32, 1, 3), (32, 1, 2), (16, 1, 3), (64, 1, 2)]
+#: third round (session 12): the CUDA-core decode kernel (``narrow_decode``), stages 2 = prefetch the next tile
+CUDA_CORE_TILES = [(16, 1, 1), (8, 1, 1), (32, 1, 1), (16, 1, 2), (8, 1, 2), (16, 2, 1), (32, 4, 1)]
+CUDA_CORE_SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x16384": (1, 16384)}
 
 
 def variants(which: str = "one_warp") -> list[tuple]:
     """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
-    heads = HEADS if which == "one_warp" else ("gqa2", "gqa4")
+    heads = HEADS if which in ("one_warp", "cuda_core") else ("gqa2", "gqa4")
     out = [(h, "bf16", "default", None, 0) for h in heads]
     for h, layout in itertools.product(heads, LAYOUTS):
+        if which == "cuda_core":  # the engine's current default first, then the new kernel's tiles
+            out += [(h, layout, "default", None, 0)]
+            if h == "gqa7":  # 7 query rows per program: expected register-bound, two tiles to show it
+                out += [(h, layout, "cuda_core", t, 0) for t in ((8, 1, 1), (16, 1, 1))]
+                continue
+            out += [(h, layout, "cuda_core", t, 0) for t in CUDA_CORE_TILES]
+            out += [(h, layout, "cuda_core", (16, 1, 1), s) for s in (1, 2, 8)]
+            continue
         if which == "one_warp":
             out += [(h, layout, "fp16_hwcvt", t, s) for t in ONE_WARP_TILES for s in (0, 1, 4, 16)]
             continue
@@ -46,12 +57,14 @@ def _setup(heads: str):
     from benchmarks import attention_quant_tune as aqt
     aqt.HEADS, aqt.KV_HEADS = HEADS[heads]
     aqt.SHAPES = SHAPES  # aqt.decode_cases / time_decode build and time these
+    if os.environ.get("SWEEP_VARIANTS") == "cuda_core":
+        aqt.SHAPES = CUDA_CORE_SHAPES
     return aqt
 
 
 def _config(path, tile, splits):
     from nanocore.kernels import paged_attention as pa
-    return None if tile is None else pa.AttentionConfig(16, *tile, splits, path)
+    return None if tile is None or path == "default" else pa.AttentionConfig(16, *tile, splits, path)
 
 
 def compile_group(args) -> str:
@@ -88,12 +101,14 @@ def time_group(heads: str, layout: str, group: list, rows: list) -> None:
 
 
 def summarize(rows: list) -> list[str]:
-    base = {(r["heads"], s): r[s] for r in rows if r["layout"] == "bf16" and "error" not in r for s in SHAPES}
+    shapes = CUDA_CORE_SHAPES if os.environ.get("SWEEP_VARIANTS") == "cuda_core" else SHAPES
+    base = {(r["heads"], s): r[s] for r in rows if r["layout"] == "bf16" and "error" not in r for s in shapes}
     lines = []
-    for heads, layout, shape in itertools.product(HEADS, LAYOUTS, SHAPES):
+    for heads, layout, shape in itertools.product(HEADS, LAYOUTS, shapes):
         ok = [r for r in rows if r["heads"] == heads and r["layout"] == layout and shape in r
               and r.get("rel_err", 1) < 2e-2]
-        for r in sorted(ok, key=lambda r: r[shape])[:3]:
+        best = sorted(ok, key=lambda r: r[shape])[:3]
+        for r in best + [r for r in ok if r["path"] == "default" and r not in best]:
             lines.append(f"{heads} {layout:<13} {shape:<8} {r[shape]:7.1f} us x{r[shape] / base[(heads, shape)]:.2f} "
                          f"bf16  {r['path']} {r['tile']} split {r['splits']}")
     for (heads, shape), us in base.items():
@@ -106,9 +121,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--variants", choices=("wide", "one_warp"), default="one_warp",
-                   help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits")
+    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core"), default="one_warp",
+                   help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits; "
+                        "cuda_core: the CUDA-core decode kernel's tiles against the engine's default")
     args = p.parse_args(argv)
+    os.environ["SWEEP_VARIANTS"] = args.variants  # the spawned compile workers read it too
     start = time.monotonic()
     groups = {}
     for v in variants(args.variants):

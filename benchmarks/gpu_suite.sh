@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -498,6 +498,13 @@ s12a)  # next session first (<= 200 s): session 11's post-review code on the GPU
   o=/tmp/s12a; mkdir -p $o; pack() { tar -czf "$out/s12a.tgz" -C $o . ; }
   timeout 180 python3 -m pytest -q -rf --tb=short tests/test_kernels_rotary.py tests/test_kernels_small_ops.py \
     tests/test_gpu_engine.py >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack ;;
+s12b)  # issue 17, session 12: the CUDA-core one-byte decode kernel: its cuda tests, then its tiles against bf16 and the
+  # engine's default at 64 x 4K, 256 x 512 and 1 x 16K, GQA 2 / 4 / 7 (<= 560 s)
+  o=/tmp/s12b; mkdir -p $o; pack() { tar -czf "$out/s12b.tgz" -C $o . ; }
+  timeout 150 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_narrow_decode.py >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -4 $o/tests.log; pack
+  timeout 400 python3 -m benchmarks.attention_decode_sweep $o --variants cuda_core --workers 14 >$o/sweep.log 2>&1
+  echo "sweep exit $?"; tail -70 $o/sweep.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

@@ -19,8 +19,10 @@ import triton
 #: e4m3x2 -> f16x2 instruction with "_hwcvt") and both dots run in fp16, scales folded
 #: (``narrow_attention``); layouts it does not cover (wider elements, fp32 queries, groups under 16) use "fold".
 #: "_vw": V is read as int32 words and converted in registers before it reaches shared memory; "_kvw": K too.
+#: "cuda_core": pure decode steps of a one-byte K and V run ``narrow_decode_kernel`` (only the GQA group's rows, dots
+#: on CUDA cores, fp8 by the hardware conversion); other batches take "fp16_hwcvt".
 QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw", "fp16_hwcvt_kvw",
-               "fp16_kvw")
+               "fp16_kvw", "cuda_core")
 #: Default path of prefill tiles; ``NANOCORE_ATTN_QUANT_PATH`` overrides it and ``DECODE_QUANT_PATH`` (one of
 #: ``QUANT_PATHS``) for A/B runs of the engine. "fold", measured on the H200 with 4-warp decode tiles
 #: (docs/data/attention_quant_tune_h200.json): fastest at 256 x 512 for every layout then; prefill tiles keep it.
@@ -61,6 +63,11 @@ class AttentionConfig:
     quant_path: str | None = None
 
 
+def fp16_path(path: str) -> bool:
+    """One-byte K/V reach the dots as fp16 on this path (``narrow_attention`` / ``narrow_decode``)."""
+    return path.startswith("fp16") or path == "cuda_core"
+
+
 def default_quant_path() -> str:
     path = os.environ.get("NANOCORE_ATTN_QUANT_PATH") or DEFAULT_QUANT_PATH
     if path not in QUANT_PATHS:
@@ -87,7 +94,7 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True
             raise ValueError(f"NANOCORE_ATTN_DECODE_TILE={env!r}: expected block_n/num_warps/num_stages, "
                              f"e.g. 128/4/2") from None
         return block_n, warps, stages
-    if k_grouped and not quant_path.startswith("fp16"):
+    if k_grouped and not fp16_path(quant_path):
         return GROUP_K_DECODE_TILE
     return NARROW_DECODE_TILE if one_token and not few_programs else WIDE_NARROW_TILE
 

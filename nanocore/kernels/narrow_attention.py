@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from nanocore.kernels.attention_config import fp16_path
 from nanocore.kernels.device import converts_fp8, interpreting
 from nanocore.kernels.narrow_convert import FP8_BITS_UNIT, _words_to_f16, narrow_to_f16
 
@@ -164,7 +165,7 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
                KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1, WORDS=0)
     k_groups = head_dim // k_group if codes[0] == 2 else 1
-    ok = (path.startswith("fp16") and q.dtype in (torch.float16, torch.bfloat16)
+    ok = (fp16_path(path) and q.dtype in (torch.float16, torch.bfloat16)
           and k.dtype in _NARROW_DTYPES and v.dtype in _NARROW_DTYPES and codes[1] in (0, 1)
           and (codes[0] in (0, 1) or (k_group >= 16 and k_group & (k_group - 1) == 0 and head_dim % k_group == 0)))
     # scales are read as contiguous rows of [slot, head, group]
@@ -177,7 +178,7 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     # "_vw": V as int32 words, "_kvw": K too (head_dim and K's scale groups in whole words)
     words = {"_vw": 1, "_kvw": 2}.get(path[path.rfind("_"):], 0) if head_dim % 4 == 0 else 0
     words = 1 if words == 2 and codes[0] == 2 and k_group % 4 else words
-    cvt = 0 if interpret else (2 if "hwcvt" in path and converts_fp8(q.device) else 1)
+    cvt = 0 if interpret else (2 if ("hwcvt" in path or path == "cuda_core") and converts_fp8(q.device) else 1)
     unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
     # 2-byte scales travel as int32 words (pairs of heads, or pairs of groups of one head)
     k_halves = (codes[0] != 0 and ks.element_size() == 2 and ks.stride(0) % 2 == 0

@@ -14,10 +14,11 @@ import triton
 from nanocore.interfaces import KVCache, KVLayout
 from nanocore.kernels.attention_config import (  # noqa: F401  (re-exported for tests and benchmarks)
     DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE, QUANT_PATHS, AttentionConfig, batch_choice,
-    default_config, default_quant_path)
+    default_config, default_quant_path, fp16_path)
 from nanocore.kernels.device import sm_count
 from nanocore.kernels.kv_store import SCALE_CODES  # scale granularity -> constexpr code, one table for both kernels
 from nanocore.kernels.narrow_attention import narrow_constexprs
+from nanocore.kernels.narrow_decode import covers, narrow_decode
 from nanocore.kernels.paged_attention_kernel import _merge_splits_kernel, paged_attention_kernel
 
 LOG2E = 1.4426950408889634
@@ -99,7 +100,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         path = choice.config.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own
         # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
         narrow = narrow_constexprs(path if choice.cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
-        flags = _quant_flags("fold" if path.startswith("fp16") else path, codes, groups[0])
+        flags = _quant_flags("fold" if fp16_path(path) else path, codes, groups[0])
         block_q = choice.config.block_m // group
         tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
                  triton.next_power_of_2(choice.splits))
@@ -116,21 +117,25 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     if splits > 1:
         ws_acc = torch.empty(num_tokens * num_q_heads * splits, head_dim_pad, dtype=torch.float32, device=q.device)
         ws_ml = torch.empty(num_tokens * num_q_heads * splits, 2, dtype=torch.float32, device=q.device)
-    block_tables = meta.block_tables if cache is not None else meta.seq_lens
-    stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0
-    paged_attention_kernel[(num_seqs * num_q_tiles, num_kv_heads, splits)](
-        q, k, v_arg, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
-        scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
-        num_q_tiles, splits, num_q_heads,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
-        *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
-        stride_bt, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m,
-        BLOCK_Q=block_q, BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, FRESH=fresh,
-        CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
-        SPLIT=splits > 1,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )
+    if cfg.quant_path == "cuda_core" and covers(narrow, head_dim, codes, groups[0], meta.max_query_len):
+        narrow_decode(q, k, v_arg, ks, vs, meta, scale * LOG2E, narrow, codes, groups[0], page, cfg.block_n,
+                      cfg.num_warps, cfg.num_stages, splits, ws_acc, ws_ml, out)
+    else:
+        block_tables = meta.block_tables if cache is not None else meta.seq_lens
+        stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0
+        paged_attention_kernel[(num_seqs * num_q_tiles, num_kv_heads, splits)](
+            q, k, v_arg, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
+            scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
+            num_q_tiles, splits, num_q_heads,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
+            *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
+            stride_bt, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m,
+            BLOCK_Q=block_q, BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, FRESH=fresh,
+            CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
+            SPLIT=splits > 1,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](
             ws_acc, ws_ml, out, splits, out.stride(0), out.stride(1),
