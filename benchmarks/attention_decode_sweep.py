@@ -28,13 +28,21 @@ SPLIT_TILES = [(64, 4, 3), (64, 2, 3), (32, 2, 3)]
 ONE_WARP_TILES = [(32, 1, 3), (32, 1, 2), (16, 1, 3), (64, 1, 2)]
 #: third round (session 12): the CUDA-core decode kernel (``narrow_decode``), stages 2 = prefetch the next tile
 CUDA_CORE_TILES = [(16, 1, 1), (8, 1, 1), (32, 1, 1), (16, 1, 2), (8, 1, 2), (16, 2, 1), (32, 4, 1)]
+#: fourth round (session 12): the grid order of decode grids (``DECODE_HEADS_FIRST``), "|hf" = heads first
+GRID_PATHS = ("default", "default|hf", "cuda_core", "cuda_core|hf")
 CUDA_CORE_SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x16384": (1, 16384)}
 
 
 def variants(which: str = "one_warp") -> list[tuple]:
     """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
-    heads = HEADS if which in ("one_warp", "cuda_core") else ("gqa2", "gqa4")
+    heads = HEADS if which in ("one_warp", "cuda_core", "grid") else ("gqa2", "gqa4")
     out = [(h, "bf16", "default", None, 0) for h in heads]
+    if which == "grid":
+        out += [(h, "bf16", "default|hf", None, 0) for h in heads]
+        for h, layout in itertools.product(heads, LAYOUTS):
+            out += [(h, layout, p, None if p.startswith("default") else (16, 1, 1), 0) for p in GRID_PATHS]
+            out += [(h, layout, p, (32, 1, 1), 0) for p in ("cuda_core", "cuda_core|hf") if h != "gqa7"]
+        return out
     for h, layout in itertools.product(heads, LAYOUTS):
         if which == "cuda_core":  # the engine's current default first, then the new kernel's tiles
             out += [(h, layout, "default", None, 0)]
@@ -57,13 +65,16 @@ def _setup(heads: str):
     from benchmarks import attention_quant_tune as aqt
     aqt.HEADS, aqt.KV_HEADS = HEADS[heads]
     aqt.SHAPES = SHAPES  # aqt.decode_cases / time_decode build and time these
-    if os.environ.get("SWEEP_VARIANTS") == "cuda_core":
+    if os.environ.get("SWEEP_VARIANTS") in ("cuda_core", "grid"):
         aqt.SHAPES = CUDA_CORE_SHAPES
     return aqt
 
 
 def _config(path, tile, splits):
+    from nanocore.kernels import attention_config
     from nanocore.kernels import paged_attention as pa
+    attention_config.DECODE_HEADS_FIRST = path.endswith("|hf")  # read by paged_attention at every call
+    path = path.removesuffix("|hf")
     return None if tile is None or path == "default" else pa.AttentionConfig(16, *tile, splits, path)
 
 
@@ -101,18 +112,20 @@ def time_group(heads: str, layout: str, group: list, rows: list) -> None:
 
 
 def summarize(rows: list) -> list[str]:
-    shapes = CUDA_CORE_SHAPES if os.environ.get("SWEEP_VARIANTS") == "cuda_core" else SHAPES
-    base = {(r["heads"], s): r[s] for r in rows if r["layout"] == "bf16" and "error" not in r for s in shapes}
+    shapes = CUDA_CORE_SHAPES if os.environ.get("SWEEP_VARIANTS") in ("cuda_core", "grid") else SHAPES
+    base = {(r["heads"], s): r[s] for r in rows if r["layout"] == "bf16" and r["path"] == "default" and "error" not in r
+            for s in shapes}
     lines = []
     for heads, layout, shape in itertools.product(HEADS, LAYOUTS, shapes):
         ok = [r for r in rows if r["heads"] == heads and r["layout"] == layout and shape in r
               and r.get("rel_err", 1) < 2e-2]
         best = sorted(ok, key=lambda r: r[shape])[:3]
-        for r in best + [r for r in ok if r["path"] == "default" and r not in best]:
+        for r in best + [r for r in ok if r["path"].startswith("default") and r not in best]:
             lines.append(f"{heads} {layout:<13} {shape:<8} {r[shape]:7.1f} us x{r[shape] / base[(heads, shape)]:.2f} "
                          f"bf16  {r['path']} {r['tile']} split {r['splits']}")
-    for (heads, shape), us in base.items():
-        lines.append(f"{heads} bf16 {shape}: {us:.1f} us")
+    for r in rows:
+        if r["layout"] == "bf16" and "error" not in r:
+            lines.append(f"{r['heads']} bf16 {r['path']}: " + ", ".join(f"{s} {r[s]:.1f} us" for s in shapes if s in r))
     lines += [f"FAILED {r}" for r in rows if "error" in r or r.get("rel_err", 0) >= 2e-2]
     return lines
 
@@ -121,9 +134,10 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core"), default="one_warp",
+    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid"), default="one_warp",
                    help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits; "
-                        "cuda_core: the CUDA-core decode kernel's tiles against the engine's default")
+                        "cuda_core: the CUDA-core decode kernel's tiles against the engine's default; "
+                        "grid: heads-first grid order against the default order")
     args = p.parse_args(argv)
     os.environ["SWEEP_VARIANTS"] = args.variants  # the spawned compile workers read it too
     start = time.monotonic()

@@ -1,8 +1,9 @@
 """One decode-attention kernel run alone, for ``ncu`` (GPU only; diagnostics, not installed).
 
-``python3 benchmarks/attention_probe.py LAYOUT [PATH] [--seqs 64 --ctx 4096 --kv-heads 8 --heads 16]``
+``python3 benchmarks/attention_probe.py LAYOUT [PATH] [--tile 16/1/1] [--seqs 64 --ctx 4096 --kv-heads 8 --heads 16]``
 builds the case of ``attention_quant_tune.py`` (scattered blocks, random K/V through the codec) and runs the
-kernel 6 times; profile the last with ``ncu -k regex:paged_attention --launch-skip 4 --launch-count 1``.
+kernel 6 times; profile the last with ``ncu -k regex:"paged_attention|narrow_decode" --launch-skip 4
+--launch-count 1`` (PATH "cuda_core" runs ``narrow_decode_kernel``).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def main(argv=None) -> int:
     p.add_argument("--ctx", type=int, default=4096)
     p.add_argument("--heads", type=int, default=aqt.HEADS)
     p.add_argument("--kv-heads", type=int, default=aqt.KV_HEADS)
+    p.add_argument("--tile", default=None, help="block_n/num_warps/num_stages (default: the engine's for PATH)")
     p.add_argument("--time", action="store_true", help="print the median ms (do_bench) instead")
     args = p.parse_args(argv)
     aqt.HEADS, aqt.KV_HEADS = args.heads, args.kv_heads
@@ -32,6 +34,7 @@ def main(argv=None) -> int:
     cfg = None
     if args.path:
         tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")  # the engine's one-token tile
+        tile = tuple(int(x) for x in args.tile.split("/")) if args.tile else tile
         cfg = pa.AttentionConfig(16, *tile, quant_path=args.path)
     if args.time:
         from triton.testing import do_bench

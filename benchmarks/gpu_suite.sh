@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -505,6 +505,13 @@ s12b)  # issue 17, session 12: the CUDA-core one-byte decode kernel: its cuda te
   echo "tests exit $?"; tail -4 $o/tests.log; pack
   timeout 400 python3 -m benchmarks.attention_decode_sweep $o --variants cuda_core --workers 14 >$o/sweep.log 2>&1
   echo "sweep exit $?"; tail -70 $o/sweep.log; pack ;;
+s12c)  # issue 17, session 12: the grid order of decode grids (KV heads as neighbouring programs) for bf16, the
+  # current one-byte default and the CUDA-core kernel (<= 300 s), then the new cuda tests
+  o=/tmp/s12c; mkdir -p $o; pack() { tar -czf "$out/s12c.tgz" -C $o . ; }
+  timeout 240 python3 -m benchmarks.attention_decode_sweep $o --variants grid --workers 14 >$o/sweep.log 2>&1
+  echo "sweep exit $?"; tail -75 $o/sweep.log; pack
+  timeout 100 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_narrow_decode.py >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -3 $o/tests.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \

@@ -86,3 +86,15 @@ def test_decode_cuda_model_shapes(name, heads, kv_heads, launches):
     for cfg in (cuda_core(16, 1), cuda_core(8, 1, stages=2), cuda_core(32, 4, 8)):
         check(q, cache, meta, layout=layout, config=cfg)
     assert len(launches) == 3
+
+
+@pytest.mark.parametrize("name,config", [
+    (None, AttentionConfig(16, 16, 4, 1, heads_first=True)),  # the bf16 cache's tile
+    ("int8", AttentionConfig(16, 16, 1, 1, num_splits=4, quant_path="fp16_hwcvt", heads_first=True)),
+    ("k_int8_v_fp8", AttentionConfig(16, 16, 1, 1, num_splits=2, quant_path="cuda_core", heads_first=True)),
+])
+def test_heads_first_grid_order(name, config):
+    """Decode grids with the KV heads on grid axis 0 give the same result (both kernels, split or not)."""
+    layout = QUANT_LAYOUTS[name] if name else None
+    q, cache, meta = make_case(DECODES, 6, 3, 64, 16, torch.bfloat16, layout=layout, seed=5)
+    check(q, cache, meta, layout=layout, config=config)

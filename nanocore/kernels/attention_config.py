@@ -48,6 +48,9 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 #:   (64, 4, 2), 1.577 with (128, 4, 2); bf16 1.492. A few 1-warp programs walk their keys one 32-key tile after
 #:   another. Not timed at long contexts (1 x 16K).
 WIDE_NARROW_TILE = (128, 4, 2)
+#: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
+#: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
+DECODE_HEADS_FIRST = False
 
 
 @dataclass(frozen=True)
@@ -61,6 +64,7 @@ class AttentionConfig:
     num_stages: int
     num_splits: int = 0
     quant_path: str | None = None
+    heads_first: bool | None = None  # grid order of decode-shaped grids; None: ``DECODE_HEADS_FIRST``
 
 
 def fp16_path(path: str) -> bool:

@@ -93,10 +93,10 @@ def narrow_decode_kernel(
     PAGE_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-    CVT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr,
+    CVT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    kvh = tl.program_id(1)
+    seq = tl.program_id(1 if HEADS_FIRST else 0)  # HEADS_FIRST: as in paged_attention_kernel
+    kvh = tl.program_id(0 if HEADS_FIRST else 1)
     split = tl.program_id(2)
     q_row = tl.load(query_start_loc_ptr + seq)
     if tl.load(query_start_loc_ptr + seq + 1) == q_row:  # a padded sequence with no query this step
@@ -152,7 +152,7 @@ def narrow_decode_kernel(
 
 def narrow_decode(q, k, v, ks, vs, meta, scale_log2: float, narrow: dict, codes: tuple[int, int], k_group: int,
                   page: int, block_n: int, num_warps: int, num_stages: int, splits: int,
-                  ws_acc, ws_ml, out):
+                  ws_acc, ws_ml, out, heads_first: bool = False):
     """Launch ``narrow_decode_kernel`` for a pure decode step (one query per sequence) into ``out`` (``num_stages``
     2+: prefetch the next tile, the loop is not software-pipelined otherwise); ``k`` / ``v``
     ``[num_slots, Hkv, D]`` one-byte, ``ks`` / ``vs`` as the fp16 path reads them (``HALVES``: int32 words). Returns True when
@@ -160,7 +160,8 @@ def narrow_decode(q, k, v, ks, vs, meta, scale_log2: float, narrow: dict, codes:
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k.shape[1]
     block_tables = meta.block_tables
-    narrow_decode_kernel[(meta.seq_lens.shape[0], k.shape[1], splits)](
+    grid = (k.shape[1], meta.seq_lens.shape[0], splits) if heads_first else (meta.seq_lens.shape[0], k.shape[1], splits)
+    narrow_decode_kernel[grid](
         q, k, v, ks, vs, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
         scale_log2, splits, num_q_heads, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0),
         v.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
@@ -168,7 +169,7 @@ def narrow_decode(q, k, v, ks, vs, meta, scale_log2: float, narrow: dict, codes:
         K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=k_group, K_INT8=narrow["K_INT8"], V_INT8=narrow["V_INT8"],
         K_UNIT=narrow["K_UNIT"], V_UNIT=narrow["V_UNIT"], KS_ROW=narrow["KS_ROW"], VS_ROW=narrow["VS_ROW"],
         KS_HALVES=narrow["KS_HALVES"], VS_HALVES=narrow["VS_HALVES"], CVT=narrow["CVT"], SPLIT=splits > 1,
-        PREFETCH=num_stages >= 2, num_warps=num_warps, num_stages=1)
+        PREFETCH=num_stages >= 2, HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=1)
     return splits > 1
 
 

@@ -12,6 +12,7 @@ import torch
 import triton
 
 from nanocore.interfaces import KVCache, KVLayout
+from nanocore.kernels import attention_config
 from nanocore.kernels.attention_config import (  # noqa: F401  (re-exported for tests and benchmarks)
     DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE, QUANT_PATHS, AttentionConfig, batch_choice,
     default_config, default_quant_path, fp16_path)
@@ -117,13 +118,16 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     if splits > 1:
         ws_acc = torch.empty(num_tokens * num_q_heads * splits, head_dim_pad, dtype=torch.float32, device=q.device)
         ws_ml = torch.empty(num_tokens * num_q_heads * splits, 2, dtype=torch.float32, device=q.device)
+    default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
+    heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
     if cfg.quant_path == "cuda_core" and covers(narrow, head_dim, codes, groups[0], meta.max_query_len):
         narrow_decode(q, k, v_arg, ks, vs, meta, scale * LOG2E, narrow, codes, groups[0], page, cfg.block_n,
-                      cfg.num_warps, cfg.num_stages, splits, ws_acc, ws_ml, out)
+                      cfg.num_warps, cfg.num_stages, splits, ws_acc, ws_ml, out, heads_first)
     else:
         block_tables = meta.block_tables if cache is not None else meta.seq_lens
         stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0
-        paged_attention_kernel[(num_seqs * num_q_tiles, num_kv_heads, splits)](
+        grid = (num_kv_heads, num_seqs, splits) if heads_first else (num_seqs * num_q_tiles, num_kv_heads, splits)
+        paged_attention_kernel[grid](
             q, k, v_arg, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
             scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
             num_q_tiles, splits, num_q_heads,
@@ -134,7 +138,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
             CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
             SPLIT=splits > 1,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            HEADS_FIRST=heads_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

@@ -191,10 +191,12 @@ def paged_attention_kernel(
     FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-    KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr,
+    KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    kvh = tl.program_id(1)
+    # HEADS_FIRST: the KV heads of one sequence are neighbouring programs, so the heads' rows of a cached token
+    # (adjacent in the [slot, head, dim] cache) are read at about the same time
+    pid = tl.program_id(1 if HEADS_FIRST else 0)
+    kvh = tl.program_id(0 if HEADS_FIRST else 1)
     split = tl.program_id(2)
     seq = pid // num_q_tiles
     q_tile = num_q_tiles - 1 - pid % num_q_tiles  # heaviest causal tiles first: shorter tail
