@@ -96,5 +96,6 @@ def test_decode_cuda_model_shapes(name, heads, kv_heads, launches):
 def test_heads_first_grid_order(name, config):
     """Decode grids with the KV heads on grid axis 0 give the same result (both kernels, split or not)."""
     layout = QUANT_LAYOUTS[name] if name else None
-    q, cache, meta = make_case(DECODES, 6, 3, 64, 16, torch.bfloat16, layout=layout, seed=5)
+    # float16: the Triton 3.9 interpreter returns garbage for a bf16 16-bit cache (not on the GPU)
+    q, cache, meta = make_case(DECODES, 6, 3, 64, 16, torch.float16, layout=layout, seed=5)
     check(q, cache, meta, layout=layout, config=config)
