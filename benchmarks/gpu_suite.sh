@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -512,6 +512,21 @@ s12c)  # issue 17, session 12: the grid order of decode grids (KV heads as neigh
   echo "sweep exit $?"; tail -75 $o/sweep.log; pack
   timeout 100 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_narrow_decode.py >$o/tests.log 2>&1
   echo "tests exit $?"; tail -3 $o/tests.log; pack ;;
+s12d)  # issue 17, session 12 (<= 560 s): can a decode step read a one-byte paged cache faster than the kernels do
+  # (decode_read_probe: reads only), ncu of the CUDA-core kernel at 64 x 4K, where prefill 8 x 4096's codec gap goes
+  # (kernel table per codec), then session 11's post-review cuda tests (s12a)
+  o=/tmp/s12d; mkdir -p $o; pack() { tar -czf "$out/s12d.tgz" -C $o . ; }
+  timeout 120 python3 -m benchmarks.decode_read_probe $o >$o/read_probe.log 2>&1; echo "read probe exit $?"
+  cat $o/read_probe.log | tail -40; pack
+  timeout 80 ncu --clock-control none --set full -k regex:narrow_decode --launch-skip 4 --launch-count 1 \
+    -o $o/ncu_int8_cuda_core python3 -m benchmarks.attention_probe int8 cuda_core --tile 16/1/1 >$o/ncu.log 2>&1
+  echo "ncu exit $?"; tail -2 $o/ncu.log
+  ncu -i $o/ncu_int8_cuda_core.ncu-rep --page details --csv >$o/ncu_int8_cuda_core.details.csv 2>&1
+  rm -f $o/ncu_int8_cuda_core.ncu-rep; pack
+  timeout 150 python3 -m benchmarks.prefill_kernel_table $o/prefill_kernel_table.json >$o/prefill.log 2>&1
+  echo "prefill table exit $?"; tail -30 $o/prefill.log; pack
+  timeout 180 python3 -m pytest -q -rf --tb=short tests/test_kernels_rotary.py tests/test_kernels_small_ops.py \
+    tests/test_gpu_engine.py >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
