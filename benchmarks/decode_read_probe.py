@@ -68,6 +68,7 @@ def run(k, v, tables, heads, block_n, warps, splits):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
+    p.add_argument("--splits", type=int, nargs="+", default=[1, 4], help="KV splits per (sequence, head group)")
     args = p.parse_args(argv)
     from triton.testing import do_bench
     rows = []
@@ -76,7 +77,7 @@ def main(argv=None) -> int:
         nbytes = 2 * k.numel() * k.element_size()
         ref = (k.float().sum() + v.float().sum()).item()
         for heads, (block_n, warps), splits in itertools.product(
-                (1, 2, 4, 8), ((16, 1), (32, 1), (64, 1), (32, 4), (64, 4), (128, 4)), (1, 4)):
+                (1, 2, 4, 8), ((16, 1), (32, 1), (64, 1), (32, 4), (64, 4), (128, 4)), args.splits):
             if heads * block_n * k.element_size() > 64 * warps:  # K + V over 512 bytes per thread: register-bound
                 continue
             out = run(k, v, tables, heads, block_n, warps, splits)
@@ -92,7 +93,8 @@ def main(argv=None) -> int:
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "shape": dict(seqs=SEQS, ctx=CTX, kv_heads=KV_HEADS,
            head_dim=HEAD_DIM, page=PAGE), "rows": rows}
-    with open(os.path.join(args.outdir, "decode_read_probe.json"), "w") as f:
+    tag = "" if args.splits == [1, 4] else "_splits" + "_".join(map(str, args.splits))
+    with open(os.path.join(args.outdir, f"decode_read_probe{tag}.json"), "w") as f:
         json.dump(out, f, indent=1)
     return 0
 

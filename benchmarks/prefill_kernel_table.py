@@ -31,11 +31,11 @@ def profile_prefill(codec: str, num_seqs: int, prompt_len: int, top: int) -> dic
     llm.generate(batch, params, use_tqdm=False)  # compiles and first-call work
     torch.cuda.synchronize()
     start = time.perf_counter()
-    llm.generate([[t + 1 for t in p] for p in batch], params, use_tqdm=False)  # new ids: no prefix reuse
+    llm.generate([[(t + 1) % vocab for t in p] for p in batch], params, use_tqdm=False)  # new ids: no prefix reuse
     torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        llm.generate([[t + 2 for t in p] for p in batch], params, use_tqdm=False)
+        llm.generate([[(t + 2) % vocab for t in p] for p in batch], params, use_tqdm=False)
         torch.cuda.synchronize()
 
     def spent(event) -> float:

@@ -107,3 +107,19 @@ def test_launch_choice_is_computed_once_per_step(monkeypatch):
     assert len(calls) == 1 and all(torch.equal(outs[0], o) for o in outs)
     pa.paged_attention(q, k, k, None, meta, 0.25, config=pa.AttentionConfig(16, 16, 4, 1))  # another choice
     assert len(calls) == 2
+
+
+def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
+    """``NANOCORE_ATTN_QUANT_PATH=cuda_core``: pure decode of GQA <= 2 over many programs takes the CUDA-core
+    kernel's tile; bigger groups, few programs and 2+ token chunks keep the tensor-core fp16 tiles."""
+    from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, WIDE_NARROW_TILE, default_config
+    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "cuda_core")
+    cfg = default_config(1, 2, 128, 1, k_grouped=True)
+    assert cfg.quant_path == "cuda_core" and (cfg.block_n, cfg.num_warps, cfg.num_stages) == CUDA_CORE_DECODE_TILE
+    for cfg in (default_config(1, 4, 128, 1), default_config(1, 2, 128, 1, few_programs=True),
+                default_config(4, 2, 128, 1)):
+        assert cfg.quant_path == "fp16_hwcvt"
+    few = default_config(1, 2, 128, 1, few_programs=True)
+    assert (few.block_n, few.num_warps, few.num_stages) == WIDE_NARROW_TILE
+    monkeypatch.delenv("NANOCORE_ATTN_QUANT_PATH")
+    assert default_config(1, 2, 128, 1).quant_path == "fp16_hwcvt"  # the default is unchanged

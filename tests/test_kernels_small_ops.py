@@ -112,8 +112,11 @@ def test_rotary_in_place(dtype, head_dim, rotary_dim):
     v_before = v.clone()
     got_q, got_k = rotary_embedding(positions, q, k, rope.cos_sin_cache, head_dim, rotary_dim)
     assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()
-    close(got_q, want_q)
-    close(got_k, want_k)
+    # x1 * cos - x2 * sin: the compiled kernel may keep a product in fp32 (H200, session 12: 1 fp16 ulp at the
+    # products' size where they cancel, in 0.5-1.8% of the elements); the interpreter rounds as torch does
+    magnitude = qkv.float().abs().max().item()
+    close_to_rounding(got_q, want_q, magnitude)
+    close_to_rounding(got_k, want_k, magnitude)
     assert torch.equal(v, v_before)
 
 

@@ -48,6 +48,13 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 #:   (64, 4, 2), 1.577 with (128, 4, 2); bf16 1.492. A few 1-warp programs walk their keys one 32-key tile after
 #:   another. Not timed at long contexts (1 x 16K).
 WIDE_NARROW_TILE = (128, 4, 2)
+#: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
+#: group it takes (its instructions per byte grow with the group). H200, session 12 (``attention_decode_sweep
+#: --variants cuda_core / grid``, per layer): GQA 2 at 256 x 512 104.8-110.7 us vs the fp16 tile's 112.9-115.3 (bf16
+#: 140-143), at 64 x 4K 196-213 vs 190-210 (bf16 257); GQA 4: 1.12-1.34x bf16 against the fp16 tile's 0.75-0.82x.
+#: Batches with fewer programs than SMs keep the 4-warp fp16 tile (one warp walking a short context tile by tile).
+CUDA_CORE_DECODE_TILE = (16, 1, 1)
+CUDA_CORE_MAX_GROUP = 2
 #: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
 #: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
 DECODE_HEADS_FIRST = False
@@ -112,6 +119,9 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
     if rows <= 64 and kv_itemsize == 1:
         one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
         path = decode_quant_path() if one_token else default_quant_path()
+        if path == "cuda_core" and one_token and not few_programs and group <= CUDA_CORE_MAX_GROUP:
+            return AttentionConfig(16, *CUDA_CORE_DECODE_TILE, quant_path=path)
+        path = "fp16_hwcvt" if path == "cuda_core" else path  # batches the CUDA-core kernel does not serve well
         tile = _narrow_decode_tile(path, k_grouped, one_token, few_programs)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile, quant_path=path)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
