@@ -529,7 +529,7 @@ s12d)  # issue 17, session 12 (<= 560 s): can a decode step read a one-byte page
     tests/test_gpu_engine.py >$o/tests.log 2>&1; echo "tests exit $?"; tail -4 $o/tests.log; pack ;;
 s12e)  # issue 17, session 12 (<= 500 s): the codec gap of prefill 8 x 4096 by kernel (s12d's run had a token-id bug),
   # Nano-vLLM throughput bf16 / k_int8_v_fp8 / k_int8_v_fp8 with the CUDA-core decode path, one call; the read probe
-  # at 8 and 16 splits
+  # on head-major pages (a head's page one run), then at 8 and 16 splits
   o=/tmp/s12e; mkdir -p $o; pack() { tar -czf "$out/s12e.tgz" -C $o . ; }
   timeout 150 python3 -m benchmarks.prefill_kernel_table $o/prefill_kernel_table.json >$o/prefill.log 2>&1
   echo "prefill table exit $?"; tail -30 $o/prefill.log; pack
@@ -539,6 +539,8 @@ s12e)  # issue 17, session 12 (<= 500 s): the codec gap of prefill 8 x 4096 by k
       --json $o/throughput_qwen3_0.6b_$1.json >$o/throughput_$1.log 2>&1; echo "throughput $1 exit $?"
     tail -1 $o/throughput_$1.log; pack
   done
+  timeout 60 python3 -m benchmarks.decode_read_probe $o --head-major --splits 1 4 8 >$o/read_probe_hm.log 2>&1
+  echo "read probe head-major exit $?"; cat $o/read_probe_hm.log; pack
   timeout 90 python3 -m benchmarks.decode_read_probe $o --splits 8 16 >$o/read_probe.log 2>&1; echo "read probe exit $?"
   grep -E "128/4|16/1" $o/read_probe.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
