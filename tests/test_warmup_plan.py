@@ -21,6 +21,8 @@ CASES = [  # (limits, shape, SM count)
     (ServingLimits(256, 20, 2048), BF16_QWEN3_06B, 132),
     (ServingLimits(200, 20, 2048), AttentionShape(7, 4, 128, 2, False), 16),  # Qwen2.5-7B's group
     (ServingLimits(256, 16, 4096), AttentionShape(4, 2, 64, 1, True), 132),  # one-byte cache, grouped K
+    # one-byte cache, short contexts: a few programs take the 4-warp tile unsplit, many the 1-warp tile (session 12)
+    (ServingLimits(256, 64, 512), AttentionShape(2, 8, 128, 1, False), 132),
     (ServingLimits(48, 4, 40), BF16_QWEN3_06B, 132),  # max_model_len below the batch budget
 ]
 

@@ -99,7 +99,7 @@ def _candidates(m: int, limits: ServingLimits, shape: AttentionShape, sm_count: 
             yield batch
             if choice_of(batch, shape, sm_count).splits == top:
                 break
-        if top == 1:
+        if top == 1 and n * shape.num_kv_heads >= sm_count:  # fewer programs than SMs may pick another tile
             break
 
 
