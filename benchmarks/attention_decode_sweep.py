@@ -3,7 +3,8 @@
 ``python3 -m benchmarks.attention_decode_sweep OUTDIR [--workers 14]``: first every variant is compiled in
 parallel worker processes (Triton's on-disk cache then serves the timing process), then each is checked
 against the torch reference (``attention_quant_tune.rel_err``) and timed per layer at 64 x 4096 and 256 x 512
-for GQA 2 (Qwen3-0.6B, 16 q / 8 kv heads) and GQA 4 (Llama-3.1-8B, 32 / 8), with the bf16 cache's default as the
+(``--variants cuda_core`` / ``grid``: also 1 x 16384) for GQA 2 (Qwen3-0.6B, 16 q / 8 kv heads), GQA 4
+(Llama-3.1-8B, 32 / 8) and, except ``wide``, GQA 7 (Qwen2.5-7B, 28 / 4), with the bf16 cache's default as the
 baseline. Writes ``OUTDIR/attention_decode_sweep.json`` after every group and prints the best variants.
 """
 from __future__ import annotations
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     import triton
     rows: list = []
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "heads": HEADS, "shapes": SHAPES, "rows": rows}
+           "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "heads": HEADS,
+           "shapes": CUDA_CORE_SHAPES if args.variants in ("cuda_core", "grid") else SHAPES, "rows": rows}
     path = os.path.join(args.outdir, f"attention_decode_sweep_{args.variants}.json")
     for (h, lay), g in groups.items():
         time_group(h, lay, g, rows)

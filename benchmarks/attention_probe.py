@@ -14,7 +14,7 @@ import torch
 
 from benchmarks import attention_quant_tune as aqt
 from nanocore.kernels import paged_attention as pa
-from nanocore.kernels.attention_config import _narrow_decode_tile
+from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, _narrow_decode_tile
 
 
 def main(argv=None) -> int:
@@ -34,6 +34,7 @@ def main(argv=None) -> int:
     cfg = None
     if args.path:
         tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")  # the engine's one-token tile
+        tile = CUDA_CORE_DECODE_TILE if args.path == "cuda_core" else tile
         tile = tuple(int(x) for x in args.tile.split("/")) if args.tile else tile
         cfg = pa.AttentionConfig(16, *tile, quant_path=args.path)
     if args.time:

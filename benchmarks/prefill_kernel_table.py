@@ -9,6 +9,7 @@ kernels and each codec's total against the first codec's, so the gap of ``bench 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -42,7 +43,9 @@ def profile_prefill(codec: str, num_seqs: int, prompt_len: int, top: int) -> dic
         return getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0.0)
     events = sorted(prof.key_averages(), key=spent, reverse=True)
     kernels = [{"kernel": e.key[:80], "ms": spent(e) / 1e3, "calls": e.count} for e in events if spent(e) > 0]
+    llm.close()  # the next codec's engine sizes its KV cache from the memory this one frees
     del llm
+    gc.collect()
     torch.cuda.empty_cache()
     return {"codec": codec, "seconds": seconds, "device_ms": sum(k["ms"] for k in kernels), "top": kernels[:top]}
 

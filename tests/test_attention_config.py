@@ -114,11 +114,15 @@ def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
     kernel's tile; bigger groups, few programs and 2+ token chunks keep the tensor-core fp16 tiles."""
     from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, WIDE_NARROW_TILE, default_config
     monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "cuda_core")
-    cfg = default_config(1, 2, 128, 1, k_grouped=True)
+    cfg = default_config(1, 2, 128, 1)
     assert cfg.quant_path == "cuda_core" and (cfg.block_n, cfg.num_warps, cfg.num_stages) == CUDA_CORE_DECODE_TILE
     for cfg in (default_config(1, 4, 128, 1), default_config(1, 2, 128, 1, few_programs=True),
-                default_config(4, 2, 128, 1)):
+                default_config(4, 2, 128, 1), default_config(1, 2, 128, 1, k_grouped=True),  # measured slower
+                default_config(1, 2, 96, 1)):  # head_dim the kernel does not read
         assert cfg.quant_path == "fp16_hwcvt"
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/1")
+    assert (default_config(1, 2, 128, 1).block_n, default_config(1, 2, 128, 1).quant_path) == (32, "cuda_core")
+    monkeypatch.delenv("NANOCORE_ATTN_DECODE_TILE")
     few = default_config(1, 2, 128, 1, few_programs=True)
     assert (few.block_n, few.num_warps, few.num_stages) == WIDE_NARROW_TILE
     monkeypatch.delenv("NANOCORE_ATTN_QUANT_PATH")

@@ -70,7 +70,7 @@ def test_covers():
     assert covers(on, 128, (1, 1), 1, 1) and covers(on, 128, (2, 1), 32, 1)
     assert not covers(on, 128, (1, 1), 1, 2)  # a chunk of 2 tokens
     assert not covers(on, 96, (1, 1), 1, 1)  # head_dim
-    assert not covers(on, 96, (2, 1), 32, 1)
+    assert not covers(on, 128, (2, 1), 256, 1)  # one K scale group per head: NUM_G 0.5 is no tile
     assert not covers(dict(NARROW=False, WORDS=0), 128, (1, 1), 1, 1)
     assert not covers(dict(NARROW=True, WORDS=1), 128, (1, 1), 1, 1)
 
@@ -93,9 +93,24 @@ def test_decode_cuda_model_shapes(name, heads, kv_heads, launches):
     ("int8", AttentionConfig(16, 16, 1, 1, num_splits=4, quant_path="fp16_hwcvt", heads_first=True)),
     ("k_int8_v_fp8", AttentionConfig(16, 16, 1, 1, num_splits=2, quant_path="cuda_core", heads_first=True)),
 ])
-def test_heads_first_grid_order(name, config):
+def test_heads_first_grid_order(name, config, launches):
     """Decode grids with the KV heads on grid axis 0 give the same result (both kernels, split or not)."""
     layout = QUANT_LAYOUTS[name] if name else None
     # float16: the Triton 3.9 interpreter returns garbage for a bf16 16-bit cache (not on the GPU)
     q, cache, meta = make_case(DECODES, 6, 3, 64, 16, torch.float16, layout=layout, seed=5)
     check(q, cache, meta, layout=layout, config=config)
+    assert len(launches) == (config.quant_path == "cuda_core")
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="needs a GPU")
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["fp8", "k_int8_v_fp8"])
+def test_decode_cuda_fp8_bit_trick_units(name, monkeypatch, launches):
+    """Without the hardware e4m3 conversion (CVT 1) fp8 comes out divided by 256: the kernel folds the unit into q
+    (K) and the output (V). The H200 converts in hardware, so this path runs only when forced."""
+    from nanocore.kernels import narrow_attention
+    monkeypatch.setattr(narrow_attention, "converts_fp8", lambda device: False)
+    layout = QUANT_LAYOUTS[name]
+    q, cache, meta = make_case([(1, 1 + 37 * i) for i in range(20)], 16, 8, 128, 16, torch.bfloat16, layout=layout)
+    check(q, cache, meta, layout=layout, config=cuda_core(16, 1, 4))
+    assert launches == [1]

@@ -50,9 +50,11 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 WIDE_NARROW_TILE = (128, 4, 2)
 #: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
 #: group it takes (its instructions per byte grow with the group). H200, session 12 (``attention_decode_sweep
-#: --variants cuda_core / grid``, per layer): GQA 2 at 256 x 512 104.8-110.7 us vs the fp16 tile's 112.9-115.3 (bf16
-#: 140-143), at 64 x 4K 196-213 vs 190-210 (bf16 257); GQA 4: 1.12-1.34x bf16 against the fp16 tile's 0.75-0.82x.
-#: Batches with fewer programs than SMs keep the 4-warp fp16 tile (one warp walking a short context tile by tile).
+#: --variants cuda_core / grid``, per layer, 16/1/1): GQA 2, int8 / fp8 per-token scales: 256 x 512 110.7 / 103.2 us
+#: vs the fp16 tile's 112.9 / 110.5 (bf16 142.7), 64 x 4K 212.5 / 196.3 vs 202.7 / 189.6 (bf16 258.5); group-scaled
+#: K (k_int8_v_fp8) 276.4 at 64 x 4K vs 209.0, so it keeps the fp16 tile; GQA 4: 1.12-1.32x bf16 at the best tiles
+#: against the fp16 tile's 0.75-0.82x. Batches with fewer programs than SMs keep the 4-warp fp16 tile (one warp
+#: would walk a short context tile by tile); head_dim must be a power of two (``narrow_decode.covers``).
 CUDA_CORE_DECODE_TILE = (16, 1, 1)
 CUDA_CORE_MAX_GROUP = 2
 #: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
@@ -119,8 +121,11 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
     if rows <= 64 and kv_itemsize == 1:
         one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
         path = decode_quant_path() if one_token else default_quant_path()
-        if path == "cuda_core" and one_token and not few_programs and group <= CUDA_CORE_MAX_GROUP:
-            return AttentionConfig(16, *CUDA_CORE_DECODE_TILE, quant_path=path)
+        if (path == "cuda_core" and one_token and not few_programs and group <= CUDA_CORE_MAX_GROUP
+                and not k_grouped and head_dim & (head_dim - 1) == 0):
+            env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")  # A/B runs of its tile
+            tile = _narrow_decode_tile(path, k_grouped) if env else CUDA_CORE_DECODE_TILE
+            return AttentionConfig(16, *tile, quant_path=path)
         path = "fp16_hwcvt" if path == "cuda_core" else path  # batches the CUDA-core kernel does not serve well
         tile = _narrow_decode_tile(path, k_grouped, one_token, few_programs)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile, quant_path=path)
