@@ -531,6 +531,9 @@ s12e)  # issue 17, session 12 (<= 500 s): the codec gap of prefill 8 x 4096 by k
   # Nano-vLLM throughput bf16 / k_int8_v_fp8 / k_int8_v_fp8 with the CUDA-core decode path, one call; the read probe
   # on head-major pages (a head's page one run), then at 8 and 16 splits
   o=/tmp/s12e; mkdir -p $o; pack() { tar -czf "$out/s12e.tgz" -C $o . ; }
+  timeout 100 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_narrow_decode.py >$o/tests.log 2>&1
+  timeout 60 python3 -m pytest -q -rf --tb=short tests/test_kernels_small_ops.py -k rotary_in_place >>$o/tests.log 2>&1
+  echo "tests exit $?"; grep -E "passed|failed" $o/tests.log; pack
   timeout 150 python3 -m benchmarks.prefill_kernel_table $o/prefill_kernel_table.json >$o/prefill.log 2>&1
   echo "prefill table exit $?"; tail -30 $o/prefill.log; pack
   for run in "unquantized unquantized" "k_int8_v_fp8 k_int8_v_fp8" "k_int8_v_fp8_cuda_core k_int8_v_fp8 cuda_core"; do
