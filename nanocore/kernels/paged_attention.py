@@ -74,6 +74,31 @@ def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
     return True, contiguous(k_new), contiguous(v_new)
 
 
+def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionConfig | None, meta) -> tuple:
+    """(choice, fp16-path constexprs, (FOLD, K_SPLIT), (block_q, q tiles, head_dim pad, splits pad)) of this batch.
+    Every layer of a step shares it, so it is computed once per step (``meta.launch_choices``): a new input of the
+    choice belongs in the key."""
+    num_q_heads, head_dim = q.shape[1], q.shape[2]
+    num_kv_heads = k.shape[1]
+    group = num_q_heads // num_kv_heads
+    shape = (fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
+             codes[0] == SCALE_CODES["group"], sm_count(q.device) if q.is_cuda else 0, config)
+    key = (shape, q.dtype, q.device, k.dtype, v.dtype, codes, groups[0], ks.dtype, ks.stride(), vs.dtype, vs.stride())
+    plan = meta.launch_choices.get(key)
+    if plan is None:
+        choice = batch_choice(meta.max_query_len, meta.max_seq_len, meta.seq_lens.shape[0], meta.query_lens_cpu,
+                              meta.seq_lens_cpu, *shape)
+        path = choice.config.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own
+        # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
+        narrow = narrow_constexprs(path if choice.cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
+        flags = _quant_flags("fold" if fp16_path(path) else path, codes, groups[0])
+        block_q = choice.config.block_m // group
+        tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
+                 triton.next_power_of_2(choice.splits))
+        plan = meta.launch_choices[key] = (choice, narrow, flags, tiles)
+    return plan
+
+
 def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Tensor | None,
                     cache: KVCache | None, meta, scale: float, layout: KVLayout | None = None,
                     config: AttentionConfig | None = None) -> torch.Tensor:
@@ -90,23 +115,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     num_seqs = meta.seq_lens.shape[0]
-    shape = (fresh, group, num_kv_heads, head_dim, max(k.element_size(), v.element_size()),
-             codes[0] == SCALE_CODES["group"], sm_count(q.device) if q.is_cuda else 0, config)
-    # every layer of a step shares its launch plan (choice and the constexprs of its path): computed once per step
-    key = (shape, q.dtype, q.device, k.dtype, v.dtype, codes, groups[0], ks.dtype, ks.stride(), vs.dtype, vs.stride())
-    plan = meta.launch_choices.get(key)
-    if plan is None:
-        choice = batch_choice(meta.max_query_len, meta.max_seq_len, num_seqs, meta.query_lens_cpu,
-                              meta.seq_lens_cpu, *shape)
-        path = choice.config.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own
-        # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
-        narrow = narrow_constexprs(path if choice.cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
-        flags = _quant_flags("fold" if fp16_path(path) else path, codes, groups[0])
-        block_q = choice.config.block_m // group
-        tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
-                 triton.next_power_of_2(choice.splits))
-        plan = meta.launch_choices[key] = (choice, narrow, flags, tiles)
-    choice, narrow, (fold, k_split), (block_q, num_q_tiles, head_dim_pad, splits_pad) = plan
+    choice, narrow, (fold, k_split), (block_q, num_q_tiles, head_dim_pad, splits_pad) = _launch_plan(
+        q, k, v, ks, vs, codes, groups, fresh, config, meta)
     cfg, splits = choice.config, choice.splits
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
     k = k.view(torch.int32) if narrow["WORDS"] == 2 else k
