@@ -29,7 +29,7 @@ def launches(monkeypatch):
 
 
 def cuda_core(block_n=16, warps=1, splits=0, stages=1):
-    """The CUDA-core kernel's config; ``stages`` 2 prefetches the next tile."""
+    """The CUDA-core kernel's config (``stages`` is not read by the kernel: any value gives the same launch)."""
     return AttentionConfig(16, block_n, warps, stages, num_splits=splits, quant_path="cuda_core")
 
 

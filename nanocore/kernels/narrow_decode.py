@@ -19,8 +19,7 @@ import triton.language as tl
 
 from nanocore.kernels.narrow_attention import head_scale, head_scales, load_rows
 from nanocore.kernels.narrow_convert import narrow_to_f16
-
-_NEG_INIT = tl.constexpr(-1.0e30)  # finite: a split that sees no key never computes inf - inf
+from nanocore.kernels.paged_attention_kernel import _NEG_INIT, split_range, write_rows
 
 
 @triton.jit
@@ -29,7 +28,7 @@ def _tile_bytes(tile, stop, seq, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tab
                 HEAD_DIM: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
                 KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr):
     """Issue the loads of keys ``tile * BLOCK_N ...`` below ``stop``: K / V bytes as stored and their scales
-    (fp32; ones where the layout has none), so a tile can be in flight while the previous one is computed."""
+    (fp32; ones where the layout has none)."""
     k_pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     kv_ok = k_pos < stop
     blk = tl.load(block_tables_ptr + seq * stride_bt + k_pos // PAGE_SIZE, mask=kv_ok, other=0)
@@ -93,7 +92,7 @@ def narrow_decode_kernel(
     PAGE_SIZE: tl.constexpr, K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-    CVT: tl.constexpr, SPLIT: tl.constexpr, PREFETCH: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    CVT: tl.constexpr, SPLIT: tl.constexpr, HEADS_FIRST: tl.constexpr,
 ):
     seq = tl.program_id(1 if HEADS_FIRST else 0)  # HEADS_FIRST: as in paged_attention_kernel
     kvh = tl.program_id(0 if HEADS_FIRST else 1)
@@ -109,54 +108,28 @@ def narrow_decode_kernel(
     q_base = q_row.to(tl.int64) * stride_qt + kvh * GROUP * stride_qh
     q_scale = scale_log2 * K_UNIT  # fp8 bit-trick K comes out divided by K_UNIT
 
-    num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    per_split = tl.cdiv(num_tiles, num_splits)
-    t_lo = split * per_split
-    t_hi = tl.minimum(num_tiles, t_lo + per_split)
+    t_lo, t_hi = split_range(tl.cdiv(seq_len, BLOCK_N), num_splits, split)
     m_i = tl.full([GROUP_PAD], _NEG_INIT, tl.float32)
     l_i = tl.zeros([GROUP_PAD], tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM], tl.float32)
-    stop = tl.minimum(seq_len, t_hi * BLOCK_N)
-    if PREFETCH:  # the next tile's bytes are requested before this one is computed: two tiles in flight per warp
-        k, v, k_sc, v_sc, kv_ok = _tile_bytes(t_lo, stop, seq, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr,
-                                              block_tables_ptr, stride_bt, stride_kt, stride_kh, stride_vt,
-                                              stride_vh, BLOCK_N, PAGE_SIZE, HEAD_DIM, K_SCALE, V_SCALE, K_GROUP,
-                                              KS_ROW, VS_ROW, KS_HALVES, VS_HALVES)
-        for tile in range(t_lo, t_hi):
-            k_next, v_next, k_sc_next, v_sc_next, ok_next = _tile_bytes(
-                tile + 1, stop, seq, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, stride_kt,
-                stride_kh, stride_vt, stride_vh, BLOCK_N, PAGE_SIZE, HEAD_DIM, K_SCALE, V_SCALE, K_GROUP, KS_ROW,
-                VS_ROW, KS_HALVES, VS_HALVES)
-            acc, m_i, l_i = _attend(acc, m_i, l_i, q_ptr, q_base, stride_qh, q_scale, k, v, k_sc, v_sc, kv_ok, d,
-                                    GROUP, GROUP_PAD, BLOCK_N, HEAD_DIM, K_SCALE, K_GROUP, K_INT8, V_INT8, CVT)
-            k, v, k_sc, v_sc, kv_ok = k_next, v_next, k_sc_next, v_sc_next, ok_next
-    else:  # latency hidden by other warps (fewer registers per warp: more of them per SM)
-        for tile in range(t_lo, t_hi):
-            k, v, k_sc, v_sc, kv_ok = _tile_bytes(
-                tile, stop, seq, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, stride_kt,
-                stride_kh, stride_vt, stride_vh, BLOCK_N, PAGE_SIZE, HEAD_DIM, K_SCALE, V_SCALE, K_GROUP, KS_ROW,
-                VS_ROW, KS_HALVES, VS_HALVES)
-            acc, m_i, l_i = _attend(acc, m_i, l_i, q_ptr, q_base, stride_qh, q_scale, k, v, k_sc, v_sc, kv_ok, d,
-                                    GROUP, GROUP_PAD, BLOCK_N, HEAD_DIM, K_SCALE, K_GROUP, K_INT8, V_INT8, CVT)
-    acc = acc * V_UNIT
-    if SPLIT:  # partials in paged_attention_kernel's workspace layout, merged by its merge kernel
-        part = (q_row.to(tl.int64) * num_q_heads + head) * num_splits + split
-        tl.store(ws_acc_ptr + part[:, None] * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
-        tl.store(ws_ml_ptr + part * 2, m_i, mask=row_ok)
-        tl.store(ws_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
-    else:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a sequence with no keys yields zeros, not NaN
-        out_off = q_row.to(tl.int64) * stride_ot + head * stride_oh
-        tl.store(out_ptr + out_off[:, None] + d[None, :], out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    for tile in range(t_lo, t_hi):  # no prefetch of the next tile: measured slower (219 registers vs 128)
+        k, v, k_sc, v_sc, kv_ok = _tile_bytes(
+            tile, seq_len, seq, kvh, d, k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, stride_kt,
+            stride_kh, stride_vt, stride_vh, BLOCK_N, PAGE_SIZE, HEAD_DIM, K_SCALE, V_SCALE, K_GROUP, KS_ROW,
+            VS_ROW, KS_HALVES, VS_HALVES)
+        acc, m_i, l_i = _attend(acc, m_i, l_i, q_ptr, q_base, stride_qh, q_scale, k, v, k_sc, v_sc, kv_ok, d,
+                                GROUP, GROUP_PAD, BLOCK_N, HEAD_DIM, K_SCALE, K_GROUP, K_INT8, V_INT8, CVT)
+    q_rows = tl.full([GROUP_PAD], 0, tl.int64) + q_row  # every row of the group is the sequence's one token
+    write_rows(acc * V_UNIT, m_i, l_i, q_rows, head, d, row_ok, row_ok[:, None], out_ptr, ws_acc_ptr, ws_ml_ptr,
+               num_q_heads, num_splits, split, stride_ot, stride_oh, HEAD_DIM, SPLIT)
 
 
 def narrow_decode(q, k, v, ks, vs, meta, scale_log2: float, narrow: dict, codes: tuple[int, int], k_group: int,
-                  page: int, block_n: int, num_warps: int, num_stages: int, splits: int,
-                  ws_acc, ws_ml, out, heads_first: bool = False):
-    """Launch ``narrow_decode_kernel`` for a pure decode step (one query per sequence) into ``out`` (``num_stages``
-    2+: prefetch the next tile, the loop is not software-pipelined otherwise); ``k`` / ``v``
-    ``[num_slots, Hkv, D]`` one-byte, ``ks`` / ``vs`` as the fp16 path reads them (``HALVES``: int32 words). Returns True when
-    ``out`` holds partials for the merge kernel (``splits`` > 1)."""
+                  page: int, block_n: int, num_warps: int, splits: int,
+                  ws_acc, ws_ml, out, heads_first: bool = False) -> None:
+    """Launch ``narrow_decode_kernel`` for a pure decode step (one query per sequence) into ``out`` (or, ``splits``
+    > 1, its partials into ``ws_acc`` / ``ws_ml`` for the merge kernel); ``k`` / ``v`` ``[num_slots, Hkv, D]``
+    one-byte, ``ks`` / ``vs`` as the fp16 path reads them (``HALVES``: int32 words)."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
     group = num_q_heads // k.shape[1]
     block_tables = meta.block_tables
@@ -169,8 +142,7 @@ def narrow_decode(q, k, v, ks, vs, meta, scale_log2: float, narrow: dict, codes:
         K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=k_group, K_INT8=narrow["K_INT8"], V_INT8=narrow["V_INT8"],
         K_UNIT=narrow["K_UNIT"], V_UNIT=narrow["V_UNIT"], KS_ROW=narrow["KS_ROW"], VS_ROW=narrow["VS_ROW"],
         KS_HALVES=narrow["KS_HALVES"], VS_HALVES=narrow["VS_HALVES"], CVT=narrow["CVT"], SPLIT=splits > 1,
-        PREFETCH=num_stages >= 2, HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=1)
-    return splits > 1
+        HEADS_FIRST=heads_first, num_warps=num_warps, num_stages=1)
 
 
 def covers(narrow: dict, head_dim: int, codes: tuple[int, int], k_group: int, max_query_len: int) -> bool:

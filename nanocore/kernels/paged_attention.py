@@ -75,7 +75,8 @@ def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
 
 
 def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionConfig | None, meta) -> tuple:
-    """(choice, fp16-path constexprs, (FOLD, K_SPLIT), (block_q, q tiles, head_dim pad, splits pad)) of this batch.
+    """(choice, fp16-path constexprs, (FOLD, K_SPLIT), (block_q, q tiles, head_dim pad, splits pad), whether the
+    CUDA-core decode kernel runs it) of this batch.
     Every layer of a step shares it, so it is computed once per step (``meta.launch_choices``): a new input of the
     choice belongs in the key."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -95,7 +96,8 @@ def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionC
         block_q = choice.config.block_m // group
         tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
                  triton.next_power_of_2(choice.splits))
-        plan = meta.launch_choices[key] = (choice, narrow, flags, tiles)
+        cuda_core = path == "cuda_core" and covers(narrow, head_dim, codes, groups[0], meta.max_query_len)
+        plan = meta.launch_choices[key] = (choice, narrow, flags, tiles, cuda_core)
     return plan
 
 
@@ -115,7 +117,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     num_seqs = meta.seq_lens.shape[0]
-    choice, narrow, (fold, k_split), (block_q, num_q_tiles, head_dim_pad, splits_pad) = _launch_plan(
+    choice, narrow, (fold, k_split), (block_q, num_q_tiles, head_dim_pad, splits_pad), cuda_core = _launch_plan(
         q, k, v, ks, vs, codes, groups, fresh, config, meta)
     cfg, splits = choice.config, choice.splits
     v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
@@ -130,9 +132,9 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         ws_ml = torch.empty(num_tokens * num_q_heads * splits, 2, dtype=torch.float32, device=q.device)
     default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
     heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
-    if cfg.quant_path == "cuda_core" and covers(narrow, head_dim, codes, groups[0], meta.max_query_len):
+    if cuda_core:
         narrow_decode(q, k, v_arg, ks, vs, meta, scale * LOG2E, narrow, codes, groups[0], page, cfg.block_n,
-                      cfg.num_warps, cfg.num_stages, splits, ws_acc, ws_ml, out, heads_first)
+                      cfg.num_warps, splits, ws_acc, ws_ml, out, heads_first)
     else:
         block_tables = meta.block_tables if cache is not None else meta.seq_lens
         stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0

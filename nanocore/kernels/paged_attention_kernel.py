@@ -169,6 +169,31 @@ def _attend_tiles(acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, k
 
 
 @triton.jit
+def split_range(num_tiles, num_splits, split):
+    """Tiles ``[t_lo, t_hi)`` of KV split ``split`` out of ``num_splits`` (the last splits may be empty)."""
+    per_split = tl.cdiv(num_tiles, num_splits)
+    t_lo = split * per_split
+    return t_lo, tl.minimum(num_tiles, t_lo + per_split)
+
+
+@triton.jit
+def write_rows(acc, m_i, l_i, q_rows, head, d, row_ok, out_mask, out_ptr, ws_acc_ptr, ws_ml_ptr, num_q_heads,
+               num_splits, split, stride_ot, stride_oh, HEAD_DIM_PAD: tl.constexpr, SPLIT: tl.constexpr):
+    """Rows (token ``q_rows``, query ``head``) of a program's result: normalised into ``out``, or with ``SPLIT``
+    the unnormalised partials (acc, running max and sum) that ``_merge_splits_kernel`` combines."""
+    if SPLIT:
+        part = (q_rows * num_q_heads + head) * num_splits + split
+        tl.store(ws_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=out_mask)
+        tl.store(ws_ml_ptr + part * 2, m_i, mask=row_ok)
+        tl.store(ws_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
+    else:
+        l_safe = tl.where(l_i > 0, l_i, 1.0)  # a sequence with no keys yields zeros, not NaN
+        out = acc / l_safe[:, None]
+        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
+                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
 def _clamp(x, lo, hi):
     return tl.maximum(tl.minimum(x, hi), lo)
 
@@ -228,9 +253,7 @@ def paged_attention_kernel(
         cache_end = tl.where(q_len > 1, tl.maximum(ctx_len, 0), kv_end)
     cache_tiles = tl.cdiv(cache_end, BLOCK_N)
     num_tiles = cache_tiles + tl.cdiv(kv_end - cache_end, BLOCK_N)
-    per_split = tl.cdiv(num_tiles, num_splits)
-    t_lo = split * per_split
-    t_hi = tl.minimum(num_tiles, t_lo + per_split)
+    t_lo, t_hi = split_range(num_tiles, num_splits, split)
 
     m_i = tl.full([BLOCK_M], _NEG_INIT, tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -256,16 +279,8 @@ def paged_attention_kernel(
             False, False, 1.0, 1.0, 0, 0, False, False, 1, 0, HEAD_DIM_PAD)
 
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
-    if SPLIT:  # partials: unnormalised acc, running max and sum, merged by _merge_splits_kernel
-        part = (q_rows * num_q_heads + head) * num_splits + split
-        tl.store(ws_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=out_mask)
-        tl.store(ws_ml_ptr + part * 2, m_i, mask=row_ok)
-        tl.store(ws_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
-    else:
-        l_safe = tl.where(l_i > 0, l_i, 1.0)  # a sequence with no keys yields zeros, not NaN
-        out = acc / l_safe[:, None]
-        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    write_rows(acc, m_i, l_i, q_rows, head, d, row_ok, out_mask, out_ptr, ws_acc_ptr, ws_ml_ptr, num_q_heads,
+               num_splits, split, stride_ot, stride_oh, HEAD_DIM_PAD, SPLIT)
 
 
 @triton.jit(do_not_specialize=["num_splits"])  # SPLITS_PAD picks the variant, the count itself varies per step
