@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d (next session first: s12e, which session 12's refused device calls could not run; s12f is its cut), and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d (next session first: s12e, which session 12's refused device calls could not run; s12f is its cut), session 13's s13a, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -556,6 +556,19 @@ s12f)  # s12e cut to what session 12's last device minutes allowed (<= 260 s): t
   echo "read probe head-major exit $?"; cat $o/read_probe_hm.log; pack
   timeout 130 python3 -m benchmarks.prefill_kernel_table $o/prefill_kernel_table.json >$o/prefill.log 2>&1
   echo "prefill table exit $?"; tail -30 $o/prefill.log; pack ;;
+s13a)  # issue 17, session 13 (<= 560 s): the deciding read probe on head-major pages, the prefill 8 x 4096 kernel table
+  # per codec, then session 12's refactored kernels on the GPU (attention and CUDA-core decode cuda tests, in-place rotary)
+  o=/tmp/s13a; mkdir -p $o; pack() { tar -czf "$out/s13a.tgz" -C $o . ; }
+  timeout 60 python3 -m benchmarks.decode_read_probe $o --head-major --splits 1 4 8 >$o/read_probe_hm.log 2>&1
+  echo "read probe head-major exit $?"; cat $o/read_probe_hm.log | tail -30; pack
+  timeout 140 python3 -m benchmarks.prefill_kernel_table $o/prefill_kernel_table.json >$o/prefill.log 2>&1
+  echo "prefill table exit $?"; tail -30 $o/prefill.log; pack
+  timeout 150 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_attention_cuda.py >$o/tests.log 2>&1
+  echo "attention tests exit $?"; tail -3 $o/tests.log; pack
+  timeout 100 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_narrow_decode.py >>$o/tests.log 2>&1
+  echo "narrow tests exit $?"
+  timeout 50 python3 -m pytest -q -rf --tb=short tests/test_kernels_small_ops.py -k rotary_in_place >>$o/tests.log 2>&1
+  echo "rotary tests exit $?"; grep -E "passed|failed" $o/tests.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
