@@ -118,7 +118,11 @@ def words_main(args) -> list[dict]:
             if heads * block_n * k.element_size() > 64 * warps:  # K + V over 512 bytes per thread: register-bound
                 continue
             fn = lambda: run_words(k, v, tables, heads, block_n, warps, splits, stages)  # noqa: E731
-            exact = fn().long().sum().item() % 2**32 == ref
+            try:
+                exact = fn().long().sum().item() % 2**32 == ref
+            except triton.runtime.errors.OutOfResources as e:  # shared memory of deep pipelines on wide tiles
+                print(f"skip {block_n}/{warps} stages {stages}: {e}")
+                continue
             ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
             row = dict(dtype=str(dtype).split(".")[-1], head_major=args.head_major, heads_per_program=heads,
                        block_n=block_n, warps=warps, splits=splits, stages=stages, us=ms * 1e3,

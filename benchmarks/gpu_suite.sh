@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d (next session first: s12e, which session 12's refused device calls could not run; s12f is its cut), session 13's s13a / s13b, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d (next session first: s12e, which session 12's refused device calls could not run; s12f is its cut), session 13's s13a / s13b / s13c, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -584,6 +584,17 @@ s13b)  # issue 17, session 13 (<= 560 s): reading alone (the word probe: no per-
       --json $o/throughput_qwen3_0.6b_$1.json >$o/throughput_$1.log 2>&1; echo "throughput $1 exit $?"
     tail -1 $o/throughput_$1.log; pack
   done ;;
+s13c)  # issue 17, session 13 (<= 570 s): the decode ladder (read -> convert -> dots -> softmax, where the bytes/s
+  # go), bench prefill bf16 / fp8_e4m3 (s13b's fp8 run passed its 50 s), the refactored attention kernels' cuda tests
+  o=/tmp/s13c; mkdir -p $o; pack() { tar -czf "$out/s13c.tgz" -C $o . ; }
+  timeout 120 python3 -m benchmarks.decode_ladder_probe $o >$o/ladder.log 2>&1; echo "ladder exit $?"
+  cat $o/ladder.log | tail -40; pack
+  for c in unquantized fp8_e4m3; do
+    timeout 100 $N bench prefill $Q06 --num-seqs 8 --prompt-len 4096 --max-model-len 4608 --kv-codec $c \
+      --json $o/prefill_qwen3_0.6b_$c.json >$o/prefill_$c.log 2>&1; echo "prefill $c exit $?"; tail -3 $o/prefill_$c.log
+  done; pack
+  timeout 300 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_attention_cuda.py >$o/tests.log 2>&1
+  echo "attention tests exit $?"; tail -3 $o/tests.log; pack ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
