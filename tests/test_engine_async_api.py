@@ -15,6 +15,18 @@ from engine_fakes import VOCAB  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 
 
+def split_logprobs(outputs: dict) -> tuple[dict, list[float]]:
+    """Outputs with each logprob's value moved to a flat list, so values compare with a tolerance and the rest
+    exactly: a row that ends one step later in the async engine changes the batch size of the last steps, and the
+    CPU GEMM's summation order with it (seen: 5e-7 apart on one machine)."""
+    values = []
+    exact = {rid: [(*c[:4], c[4] and [{t: (lp.rank, lp.decoded_token) for t, lp in step.items()} for step in c[4]])
+                   for c in completions] for rid, completions in outputs.items()}
+    for rid in sorted(outputs):
+        values += [lp.logprob for c in outputs[rid] for step in (c[4] or []) for lp in step.values()]
+    return exact, values
+
+
 @pytest.mark.parametrize("stream", [False, True])
 def test_requests_that_need_the_host_every_step_still_overlap(stream):
     """Logprobs, stop strings and streamed text are post-processed while the next forward runs; a stop
@@ -37,7 +49,8 @@ def test_requests_that_need_the_host_every_step_still_overlap(stream):
                                         for c in out.outputs]
         results.append((done, llm.stats()))
     (expected, sync_stats), (got, async_stats) = results
-    assert got == expected
+    (got_exact, got_values), (expected_exact, expected_values) = split_logprobs(got), split_logprobs(expected)
+    assert got_exact == expected_exact and got_values == pytest.approx(expected_values, abs=1e-5)
     assert any(isinstance(c[2], str) for outs in got.values() for c in outs)  # a row stopped on a stop string
     assert async_stats.num_overlapped_steps > 0 and sync_stats.num_overlapped_steps == 0
 
