@@ -122,14 +122,19 @@ def main(argv=None) -> int:
     p.add_argument("--levels", nargs="+", default=list(LEVELS), choices=list(LEVELS))
     p.add_argument("--splits", type=int, nargs="+", default=[4])
     p.add_argument("--stages", type=int, nargs="+", default=[1, 3])
+    p.add_argument("--tiles", nargs="+", default=["16/1", "32/1", "64/4"], help="BLOCK_N/warps")
+    p.add_argument("--dtypes", nargs="+", default=["int8", "fp8_e4m3"], choices=["int8", "fp8_e4m3"])
     args = p.parse_args(argv)
     from triton.testing import do_bench
     rows = []
+    tiles = [tuple(int(x) for x in t.split("/")) for t in args.tiles]
     for is_int8, cvt in ((True, 1), (False, 2)):
+        if ("int8" if is_int8 else "fp8_e4m3") not in args.dtypes:
+            continue
         q, k, v, tables = case(is_int8)
         nbytes = 2 * k.numel()
         for name, (block_n, warps), splits, stages in itertools.product(
-                args.levels, ((16, 1), (32, 1), (64, 4)), args.splits, args.stages):
+                args.levels, tiles, args.splits, args.stages):
             level = LEVELS[name]
             fn = lambda: run(q, k, v, tables, level, block_n, warps, splits, stages, cvt)  # noqa: E731
             try:

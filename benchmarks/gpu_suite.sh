@@ -9,7 +9,7 @@
 #   leftovers (7B prefix identity, fp8 / overlap cuda tests, int8 tiles), verify (all cuda tests but cutlass, 7B decode
 #   per linear method), serve (bench serve vs offline, request rates), serveprof (the same under py-spy), verify6 / perf6 (session 6's
 #   new GPU paths and figures), contract (cuda conformance), session 7's probe7 / sweep7 / kvbound / moefp8 / final7 /
-#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d (next session first: s12e, which session 12's refused device calls could not run; s12f is its cut), session 13's s13a / s13b / s13c, and on a 2-GPU
+#   last7, next session's graphs8 / next17a / next17b, session 8's s8a / s8b / s8c / s8d and cudafull, session 9's s9a / s9b / s9c / s9d / s9f, session 10's s10a / s10b / s10c / s10d / s10e / s10f, session 11's s11a / s11b / s11c / s11d, next session's s12a, session 12's s12b / s12c / s12d (next session first: s12e, which session 12's refused device calls could not run; s12f is its cut), session 13's s13a / s13b / s13c / s13d, and on a 2-GPU
 #   machine tp2smoke tp2 tp2bench
 out=${1:?usage: gpu_suite.sh OUTDIR [SECTION ...]}; shift
 sections=${*:-tests engine profile codecs prefix moe interference attention}
@@ -595,6 +595,14 @@ s13c)  # issue 17, session 13 (<= 570 s): the decode ladder (read -> convert -> 
   done; pack
   timeout 300 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_attention_cuda.py >$o/tests.log 2>&1
   echo "attention tests exit $?"; tail -3 $o/tests.log; pack ;;
+s13d)  # issue 17, session 13 (<= 220 s): ncu of the ladder's convert and dots stages (int8, 32/1, 3 stages, 4 splits):
+  # what the tensor-core dots add to the converted reads (s13c: 183 -> 188 us at this tile, 147 -> 219 us at 16/1)
+  o=/tmp/s13d; mkdir -p $o; pack() { tar -czf "$out/s13d.tgz" -C $o . ; }
+  for lv in convert dots; do for t in 16/1 32/1; do tag=${lv}_${t/\//_}
+    timeout 50 ncu --clock-control none --set full -k regex:_ladder_kernel --launch-count 1 -o $o/ncu_$tag \
+      python3 -m benchmarks.decode_ladder_probe $o --levels $lv --tiles $t --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
+    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
+    rm -f $o/ncu_$tag.ncu-rep; pack; done; done ;;
 contract)  # the conformance suite's cuda checks on every in-tree backend after the contract 1.1 changes (~200 s)
   TAIL=25 step 190 python3 -m pytest -q -m cuda -rf --tb=line -p no:cacheprovider conformance/tests plugins/ \
     plugins_cache plugins_moe plugins_quant/fp8_w8a16/tests/test_conformance.py plugins_quant/int8_w8a8/tests \
