@@ -5,10 +5,10 @@ does (per sequence through the block table, ``BLOCK_N`` cached tokens per step) 
 [slot, head, dim] cache at 64 sequences x 4,096 tokens, 8 KV heads, head_dim 128, pages of 16, scattered pages.
 Varied: page order (``--head-major``: a head's page stored as one run), element size (one byte / bf16), KV heads per program (1: a head's row of a token is 128 bytes in a
 one-byte cache, 256 in bf16; 2+: neighbouring heads' rows read as one contiguous run), tile, warps and splits.
-The one-byte attention kernels all stop near 2.7 TB/s at this shape while bf16's reads 4.2; if reading alone
-stops there too, the limiter is the access pattern (128-byte runs), not the arithmetic. ``--words`` reads the same
-bytes as int32 words and sums them as integers: the float probe converts every int8 element with ``cvt`` (16 per SM
-per clock on Hopper, about 128 us of the 64 x 4096 step), so only the word probe measures reading alone;
+The one-byte attention kernels all stop near 2.7 TB/s at this shape while bf16's reads 4.2. The default (float)
+probe converts every int8 element with one ``I2F`` (16 per SM per clock on Hopper: about 128 us of the 64 x 4096
+step), so it stops near 2.8 too; ``--words`` reads the same bytes as int32 words and sums them as integers, which
+measures reading alone (3.7-4.0 TB/s on the H200, session 13);
 ``--stages`` pipelines its loop (loads in flight across tiles). Writes ``OUTDIR/decode_read_probe*.json`` and
 prints TB/s per variant.
 """
