@@ -6,7 +6,9 @@ attention than the last, reading K and V through the block table as the engine's
 
 - ``convert``: the tiles converted to fp16 by the engine's conversions (``narrow_to_f16``) and summed;
 - ``dots``: ``S = Q K^T`` and ``S V`` on tensor cores (a 16-row query tile holding the group's 2 rows);
-- ``softmax``: the online softmax between the dots (the engine's kernels add only scales and masks to this).
+- ``softmax``: the online softmax between the dots (the engine's kernels add only scales and masks to this);
+- ``byte_qk``: ``dots`` with ``Q K^T`` on the stored bytes (int8 x int8 -> int32, or e4m3 x e4m3), Q quantized per row:
+  what K costs when it never becomes fp16 (the SageAttention route; ``S V`` as in ``dots``).
 
 Reading alone (``decode_read_probe --words``) reaches ~4.0 TB/s at this shape and the engine's one-byte kernels
 2.7-2.9, so the first stage that falls to ~2.8 is the limiter. Each result is checked against torch. Writes
@@ -27,11 +29,11 @@ import triton.language as tl
 from nanocore.kernels.narrow_convert import narrow_to_f16
 
 SEQS, CTX, KV_HEADS, HEAD_DIM, PAGE, GROUP, ROWS = 64, 4096, 8, 128, 16, 2, 16
-LEVELS = {"convert": 1, "dots": 2, "softmax": 3}
+LEVELS = {"convert": 1, "dots": 2, "softmax": 3, "byte_qk": 4}
 
 
 @triton.jit
-def _ladder_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, acc_ptr, ml_ptr, seq_len, stride_bt, stride_blk,
+def _ladder_kernel(q_ptr, qb_ptr, qs_ptr, k_ptr, v_ptr, block_tables_ptr, acc_ptr, ml_ptr, seq_len, stride_bt, stride_blk,
                    stride_tok, num_splits, LEVEL: tl.constexpr, IS_INT8: tl.constexpr, CVT: tl.constexpr,
                    BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, ROWS: tl.constexpr,
                    STAGES: tl.constexpr):
@@ -39,7 +41,10 @@ def _ladder_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, acc_ptr, ml_ptr, seq_l
     cols = tl.arange(0, HEAD_DIM)
     rows = tl.arange(0, ROWS)
     prog = (seq * tl.num_programs(1) + head) * num_splits + split
-    q = tl.load(q_ptr + ((seq * tl.num_programs(1) + head) * ROWS + rows)[:, None] * HEAD_DIM + cols[None, :])
+    q_rows = (seq * tl.num_programs(1) + head) * ROWS + rows
+    q = tl.load(q_ptr + q_rows[:, None] * HEAD_DIM + cols[None, :])
+    qb = tl.load(qb_ptr + q_rows[:, None] * HEAD_DIM + cols[None, :])  # Q quantized per row (``byte_qk``)
+    qs = tl.load(qs_ptr + q_rows)
     acc = tl.zeros([ROWS, HEAD_DIM], tl.float32)
     m = tl.full([ROWS], -1e30, tl.float32)
     l = tl.zeros([ROWS], tl.float32)
@@ -49,9 +54,17 @@ def _ladder_kernel(q_ptr, k_ptr, v_ptr, block_tables_ptr, acc_ptr, ml_ptr, seq_l
         ok = pos < seq_len
         blk = tl.load(block_tables_ptr + seq * stride_bt + pos // PAGE_SIZE, mask=ok, other=0)
         offs = (blk.to(tl.int64) * stride_blk + (pos % PAGE_SIZE) * stride_tok)[:, None] + head * HEAD_DIM + cols[None, :]
-        k = narrow_to_f16(tl.load(k_ptr + offs, mask=ok[:, None], other=0.0), IS_INT8, CVT)
+        k_bytes = tl.load(k_ptr + offs, mask=ok[:, None], other=0.0)
         v = narrow_to_f16(tl.load(v_ptr + offs, mask=ok[:, None], other=0.0), IS_INT8, CVT)
-        if LEVEL == 1:
+        if LEVEL != 4:
+            k = narrow_to_f16(k_bytes, IS_INT8, CVT)
+        if LEVEL == 4:
+            if IS_INT8:
+                s = tl.dot(qb, tl.trans(k_bytes), out_dtype=tl.int32).to(tl.float32)
+            else:
+                s = tl.dot(qb, tl.trans(k_bytes))
+            acc += tl.dot((s * qs[:, None]).to(tl.float16), v)
+        elif LEVEL == 1:
             acc += tl.sum((k + v).to(tl.float32), 0)[None, :] / ROWS
         elif LEVEL == 2:
             acc += tl.dot(tl.dot(q, tl.trans(k)).to(tl.float16), v)
@@ -84,12 +97,22 @@ def case(is_int8: bool, device: str = "cuda"):
     return q.half(), k, v, tables
 
 
-def run(q, k, v, tables, level, block_n, warps, splits, stages, cvt):
+def quantized_q(q, k):
+    """Q per row in K's byte format (int8: round to nearest of ``q / s``, ``s = amax / 127``; e4m3: ``amax / 448``),
+    and ``s`` as fp32: ``Q K^T = s * (Q_bytes K^T)``."""
+    qf = q.float()
+    s = qf.abs().amax(-1).clamp_min(1e-8) / (127.0 if k.dtype == torch.int8 else 448.0)
+    x = qf / s[..., None]
+    return (x.round().to(torch.int8) if k.dtype == torch.int8 else x.to(k.dtype)), s.contiguous()
+
+
+def run(q, k, v, tables, level, block_n, warps, splits, stages, cvt, qbs=None):
     progs = SEQS * KV_HEADS * splits
+    qb, qs = qbs if qbs is not None else quantized_q(q, k)
     acc = torch.empty(progs, ROWS, HEAD_DIM, dtype=torch.float32, device=q.device)
     ml = torch.empty(progs, 2, ROWS, dtype=torch.float32, device=q.device)
     _ladder_kernel[(SEQS, KV_HEADS, splits)](
-        q, k, v, tables, acc, ml, k.shape[0] * PAGE // SEQS, tables.stride(0), k.stride(0), k.stride(1), splits,
+        q, qb, qs, k, v, tables, acc, ml, k.shape[0] * PAGE // SEQS, tables.stride(0), k.stride(0), k.stride(1), splits,
         LEVEL=level, IS_INT8=k.dtype == torch.int8, CVT=cvt, BLOCK_N=block_n, PAGE_SIZE=PAGE, HEAD_DIM=HEAD_DIM,
         ROWS=ROWS, STAGES=stages, num_warps=warps)
     return acc.view(SEQS, KV_HEADS, splits, ROWS, HEAD_DIM), ml.view(SEQS, KV_HEADS, splits, 2, ROWS)
@@ -97,7 +120,7 @@ def run(q, k, v, tables, level, block_n, warps, splits, stages, cvt):
 
 def combine(acc, ml, level):
     """Per (sequence, head): the splits' partial results combined (``softmax``: rescaled by their maxima)."""
-    if level < 3:
+    if level != 3:
         return acc.sum(2)[:, :, :GROUP]
     m, l = ml[:, :, :, 0, :GROUP], ml[:, :, :, 1, :GROUP]
     w = torch.exp2(m - m.amax(2, keepdim=True))
@@ -110,6 +133,10 @@ def reference(q, k, v, tables, level):
     kf, vf = (x.float().view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(1, 2) for x in (k, v))  # [seq, head, tok, dim]
     if level == 1:
         return (kf + vf).sum(2)[:, :, None, :].expand(-1, -1, GROUP, -1) / ROWS
+    if level == 4:
+        qb, qs = quantized_q(q, k)
+        s = (qb[:, :, :GROUP].float() @ kf.transpose(-1, -2)) * qs[:, :, :GROUP, None]
+        return s.half().float() @ vf
     s = q[:, :, :GROUP].float() @ kf.transpose(-1, -2)
     if level == 2:
         return s @ vf
@@ -136,7 +163,8 @@ def main(argv=None) -> int:
         for name, (block_n, warps), splits, stages in itertools.product(
                 args.levels, tiles, args.splits, args.stages):
             level = LEVELS[name]
-            fn = lambda: run(q, k, v, tables, level, block_n, warps, splits, stages, cvt)  # noqa: E731
+            qbs = quantized_q(q, k)
+            fn = lambda: run(q, k, v, tables, level, block_n, warps, splits, stages, cvt, qbs)  # noqa: E731
             try:
                 got = combine(*fn(), level)
             except triton.runtime.errors.OutOfResources as e:
@@ -144,12 +172,16 @@ def main(argv=None) -> int:
                 continue
             want = reference(q, k, v, tables, level)
             err = ((got - want).norm() / want.norm()).item()
+            # byte_qk: also its distance from fp16 Q's result, i.e. what quantizing Q costs
+            fp16_q = reference(q, k, v, tables, LEVELS["dots"]) if level == 4 else want
+            q_err = ((got - fp16_q).norm() / fp16_q.norm()).item()
             ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
             row = dict(dtype="int8" if is_int8 else "fp8_e4m3", level=name, block_n=block_n, warps=warps,
-                       splits=splits, stages=stages, us=ms * 1e3, tb_per_s=nbytes / ms / 1e9, rel_err=err)
+                       splits=splits, stages=stages, us=ms * 1e3, tb_per_s=nbytes / ms / 1e9, rel_err=err,
+                       rel_err_vs_fp16_q=q_err)
             rows.append(row)
             print(f"{row['dtype']:<9} {name:<8} tile {block_n:>3}/{warps} splits {splits} stages {stages}: "
-                  f"{row['us']:7.1f} us {row['tb_per_s']:.2f} TB/s (rel err {err:.1e})", flush=True)
+                  f"{row['us']:7.1f} us {row['tb_per_s']:.2f} TB/s (rel err {err:.1e}, vs fp16 Q {q_err:.1e})", flush=True)
         del q, k, v, tables
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "shape": dict(seqs=SEQS, ctx=CTX, kv_heads=KV_HEADS,

@@ -449,14 +449,16 @@ s13c)  # issue 17, session 13 (<= 570 s): the decode ladder (read -> convert -> 
   done; pack
   timeout 300 python3 -m pytest -q -rf --tb=short -m cuda tests/test_kernels_attention_cuda.py >$o/tests.log 2>&1
   echo "attention tests exit $?"; tail -3 $o/tests.log; pack ;;
-s13d)  # issue 17, session 13 (<= 220 s): ncu of the ladder's convert and dots stages (int8, 32/1, 3 stages, 4 splits):
-  # what the tensor-core dots add to the converted reads (s13c: 183 -> 188 us at this tile, 147 -> 219 us at 16/1)
+s13d)  # issue 17, session 13 (<= 200 s): int8 Q K^T on the stored bytes (ladder byte_qk vs dots), then ncu of the
+  # ladder's convert and dots stages (int8, 32 keys / 1 warp, 3 stages, 4 splits: s13c 179.5 -> 188.2 us)
   o=/tmp/s13d; mkdir -p $o; pack() { tar -czf "$out/s13d.tgz" -C $o . ; }
-  for lv in convert dots; do for t in 16/1 32/1; do tag=${lv}_${t/\//_}
-    timeout 50 ncu --clock-control none --set full -k regex:_ladder_kernel --launch-count 1 -o $o/ncu_$tag \
-      python3 -m benchmarks.decode_ladder_probe $o --levels $lv --tiles $t --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
+  timeout 60 python3 -m benchmarks.decode_ladder_probe $o --levels dots byte_qk --tiles 16/1 32/1 --stages 3 \
+    --dtypes int8 >$o/ladder_byte_qk.log 2>&1; echo "ladder exit $?"; cat $o/ladder_byte_qk.log; pack
+  for lv in dots convert; do tag=${lv}_32_1
+    timeout 45 ncu --clock-control none --set full -k regex:_ladder_kernel --launch-count 1 -o $o/ncu_$tag \
+      python3 -m benchmarks.decode_ladder_probe $o --levels $lv --tiles 32/1 --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
-    rm -f $o/ncu_$tag.ncu-rep; pack; done; done ;;
+    rm -f $o/ncu_$tag.ncu-rep; pack; done ;;
 *) return 1 ;;
 esac
 }
