@@ -454,9 +454,9 @@ s13d)  # issue 17, session 13 (<= 200 s): int8 Q K^T on the stored bytes (ladder
   o=/tmp/s13d; mkdir -p $o; pack() { tar -czf "$out/s13d.tgz" -C $o . ; }
   timeout 60 python3 -m benchmarks.decode_ladder_probe $o --levels dots byte_qk --tiles 16/1 32/1 --stages 3 \
     --dtypes int8 >$o/ladder_byte_qk.log 2>&1; echo "ladder exit $?"; cat $o/ladder_byte_qk.log; pack
-  for lv in dots convert; do tag=${lv}_32_1
+  for lv in dots convert; do tag=${lv}_32_1; mkdir -p $o/$tag  # (its own folder: the ladder's JSON has one name)
     timeout 45 ncu --clock-control none --set full -k regex:_ladder_kernel --launch-count 1 -o $o/ncu_$tag \
-      python3 -m benchmarks.decode_ladder_probe $o --levels $lv --tiles 32/1 --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
+      python3 -m benchmarks.decode_ladder_probe $o/$tag --levels $lv --tiles 32/1 --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack; done ;;
 *) return 1 ;;
