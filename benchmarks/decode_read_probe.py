@@ -97,7 +97,7 @@ def run_words(k, v, tables, heads, block_n, warps, splits, stages):
     """The word probe: ``k`` / ``v`` viewed as int32 (a one-byte row of 128 elements is 32 words, a bf16 row 64)."""
     kw, vw = k.view(torch.int32), v.view(torch.int32)
     width = heads * kw.shape[-1]
-    out = torch.empty(SEQS * (KV_HEADS // heads) * splits * width, dtype=torch.int32, device="cuda")
+    out = torch.empty(SEQS * (KV_HEADS // heads) * splits * width, dtype=torch.int32, device=k.device)
     _read_words_kernel[(SEQS, KV_HEADS // heads, splits)](
         kw, vw, tables, out, CTX, tables.stride(0), kw.stride(0), kw.stride(1), kw.stride(2) * heads, splits,
         WIDTH=width, BLOCK_N=block_n, PAGE_SIZE=PAGE, STAGES=stages, num_warps=warps)
