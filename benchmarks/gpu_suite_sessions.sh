@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, and s14a (queued).
 # Returns 1 for a name it does not know.
 session_section() {
 case $1 in
@@ -459,6 +459,14 @@ s13d)  # issue 17, session 13 (<= 200 s): int8 Q K^T on the stored bytes (ladder
       python3 -m benchmarks.decode_ladder_probe $o/$tag --levels $lv --tiles 32/1 --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack; done ;;
+s14a)  # next session first (issue 17, <= 480 s): where the codec's decode steps lose at the Nano-vLLM lengths (graph
+  # replay and kernel table, batch 256 x 256 / 1024 context) and at batch 1 (TPOT's 128-token step), per codec
+  o=/tmp/s14a; mkdir -p $o; pack() { tar -czf "$out/s14a.tgz" -C $o . ; }
+  for c in unquantized k_int8_v_fp8 int8; do
+    timeout 110 python3 -m benchmarks.step_profile --model dummy:Qwen3-0.6B --batch-sizes 1 256 --context-len 128 1024 \
+      --kv-codec $c --kernel-table 12 --json $o/step_profile_0.6b_$c.json >$o/step_profile_$c.log 2>&1
+    echo "step_profile $c exit $?"; grep -A4 "^batch_size" $o/step_profile_$c.log | head -6; pack
+  done ;;
 *) return 1 ;;
 esac
 }
