@@ -1,7 +1,7 @@
 """Where a one-byte decode step loses its bytes/s, one stage at a time (issue 17; GPU only, a diagnostic).
 
-``python3 -m benchmarks.decode_ladder_probe OUTDIR``: the shape of ``decode_read_probe`` (64 sequences x 4,096
-tokens, 8 KV heads, head_dim 128, scattered pages of 16, GQA 2), and kernels that each do one more stage of decode
+``python3 -m benchmarks.decode_ladder_probe OUTDIR``: the shape of ``decode_probe_shape`` (64 sequences x 4,096
+tokens, 8 KV heads, head_dim 128, scattered pages of 16), GQA 2, and kernels that each do one more stage of decode
 attention than the last, reading K and V through the block table as the engine's kernels do:
 
 - ``convert``: the tiles converted to fp16 by the engine's conversions (``narrow_to_f16``) and summed;
@@ -10,8 +10,9 @@ attention than the last, reading K and V through the block table as the engine's
 - ``byte_qk``: ``dots`` with ``Q K^T`` on the stored bytes (int8 x int8 -> int32, or e4m3 x e4m3), Q quantized per row:
   what K costs when it never becomes fp16 (the SageAttention route; ``S V`` as in ``dots``).
 
-Reading alone (``decode_read_probe --words``) reaches ~4.0 TB/s at this shape and the engine's one-byte kernels
-2.7-2.9, so the first stage that falls to ~2.8 is the limiter. Each result is checked against torch. Writes
+Reading alone (``decode_read_probe --words``) reaches 3.7-4.0 TB/s at this shape at its best tiles and the engine's
+one-byte kernels 2.7-2.9: the stages show where the difference goes. (``convert`` also widens and sums what the
+engine's kernels do not: read it as an upper bound of the conversion's cost.) Each result is checked against torch. Writes
 ``OUTDIR/decode_ladder_probe.json``.
 """
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import os
 import sys
 
@@ -26,9 +28,11 @@ import torch
 import triton
 import triton.language as tl
 
+from benchmarks import decode_probe_shape as shape
+from benchmarks.decode_probe_shape import tile_rows
 from nanocore.kernels.narrow_convert import narrow_to_f16
 
-SEQS, CTX, KV_HEADS, HEAD_DIM, PAGE, GROUP, ROWS = 64, 4096, 8, 128, 16, 2, 16
+GROUP, ROWS = 2, 16  # query rows per KV head (Qwen3-0.6B), padded to the 16-row tile the engine's kernels use
 LEVELS = {"convert": 1, "dots": 2, "softmax": 3, "byte_qk": 4}
 
 
@@ -50,10 +54,9 @@ def _ladder_kernel(q_ptr, qb_ptr, qs_ptr, k_ptr, v_ptr, block_tables_ptr, acc_pt
     l = tl.zeros([ROWS], tl.float32)
     per_split = tl.cdiv(tl.cdiv(seq_len, BLOCK_N), num_splits)
     for tile in tl.range(split * per_split, (split + 1) * per_split, num_stages=STAGES):
-        pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        ok = pos < seq_len
-        blk = tl.load(block_tables_ptr + seq * stride_bt + pos // PAGE_SIZE, mask=ok, other=0)
-        offs = (blk.to(tl.int64) * stride_blk + (pos % PAGE_SIZE) * stride_tok)[:, None] + head * HEAD_DIM + cols[None, :]
+        tok_rows, ok = tile_rows(block_tables_ptr, seq, stride_bt, tile, seq_len, stride_blk, stride_tok, BLOCK_N,
+                                 PAGE_SIZE)
+        offs = tok_rows[:, None] + head * HEAD_DIM + cols[None, :]
         k_bytes = tl.load(k_ptr + offs, mask=ok[:, None], other=0.0)
         v = narrow_to_f16(tl.load(v_ptr + offs, mask=ok[:, None], other=0.0), IS_INT8, CVT)
         if LEVEL != 4:
@@ -85,16 +88,15 @@ def case(is_int8: bool, device: str = "cuda"):
     """Token-major pages ``[pages, PAGE, heads, dim]`` (the engine's), scattered; queries ``[seqs, heads, ROWS,
     dim]`` fp16 with the group's ``GROUP`` rows set (the rest zero, as the engine pads a group to 16 rows)."""
     torch.manual_seed(0)
-    pages = SEQS * CTX // PAGE
-    shape = (pages, PAGE, KV_HEADS, HEAD_DIM)
+    dims = (shape.SEQS * shape.CTX // shape.PAGE, shape.PAGE, shape.KV_HEADS, shape.HEAD_DIM)
     if is_int8:
-        k, v = (torch.randint(-100, 100, shape, dtype=torch.int8, device=device) for _ in range(2))
+        k, v = (torch.randint(-100, 100, dims, dtype=torch.int8, device=device) for _ in range(2))
     else:  # finite e4m3 values only (random bytes would hold NaNs)
-        k, v = ((torch.randn(shape, device=device) * 8).to(torch.float8_e4m3fn) for _ in range(2))
-    q = torch.zeros(SEQS, KV_HEADS, ROWS, HEAD_DIM, device=device)
-    q[:, :, :GROUP] = torch.randn(SEQS, KV_HEADS, GROUP, HEAD_DIM, device=device) * (0.01 if is_int8 else 0.1)
-    tables = torch.randperm(pages, device=device, dtype=torch.int32).view(SEQS, CTX // PAGE)
-    return q.half(), k, v, tables
+        k, v = ((torch.randn(dims, device=device) * 8).to(torch.float8_e4m3fn) for _ in range(2))
+    q = torch.zeros(shape.SEQS, shape.KV_HEADS, ROWS, shape.HEAD_DIM, device=device)
+    q[:, :, :GROUP] = torch.randn(shape.SEQS, shape.KV_HEADS, GROUP, shape.HEAD_DIM, device=device) * (
+        0.01 if is_int8 else 0.1)
+    return q.half(), k, v, shape.scattered_tables(device)
 
 
 def quantized_q(q, k):
@@ -107,15 +109,16 @@ def quantized_q(q, k):
 
 
 def run(q, k, v, tables, level, block_n, warps, splits, stages, cvt, qbs=None):
-    progs = SEQS * KV_HEADS * splits
+    """The stage's per-split results: ``acc`` ``[SEQS, heads, splits, ROWS, dim]`` and ``(m, l)`` per row."""
+    seqs, heads, dim = shape.SEQS, shape.KV_HEADS, shape.HEAD_DIM
     qb, qs = qbs if qbs is not None else quantized_q(q, k)
-    acc = torch.empty(progs, ROWS, HEAD_DIM, dtype=torch.float32, device=q.device)
-    ml = torch.empty(progs, 2, ROWS, dtype=torch.float32, device=q.device)
-    _ladder_kernel[(SEQS, KV_HEADS, splits)](
-        q, qb, qs, k, v, tables, acc, ml, k.shape[0] * PAGE // SEQS, tables.stride(0), k.stride(0), k.stride(1), splits,
-        LEVEL=level, IS_INT8=k.dtype == torch.int8, CVT=cvt, BLOCK_N=block_n, PAGE_SIZE=PAGE, HEAD_DIM=HEAD_DIM,
+    acc = torch.empty(seqs * heads * splits, ROWS, dim, dtype=torch.float32, device=q.device)
+    ml = torch.empty(seqs * heads * splits, 2, ROWS, dtype=torch.float32, device=q.device)
+    _ladder_kernel[(seqs, heads, splits)](
+        q, qb, qs, k, v, tables, acc, ml, shape.CTX, tables.stride(0), k.stride(0), k.stride(1), splits,
+        LEVEL=level, IS_INT8=k.dtype == torch.int8, CVT=cvt, BLOCK_N=block_n, PAGE_SIZE=shape.PAGE, HEAD_DIM=dim,
         ROWS=ROWS, STAGES=stages, num_warps=warps)
-    return acc.view(SEQS, KV_HEADS, splits, ROWS, HEAD_DIM), ml.view(SEQS, KV_HEADS, splits, 2, ROWS)
+    return acc.view(seqs, heads, splits, ROWS, dim), ml.view(seqs, heads, splits, 2, ROWS)
 
 
 def combine(acc, ml, level):
@@ -129,8 +132,7 @@ def combine(acc, ml, level):
 
 def reference(q, k, v, tables, level):
     """The same stage in torch, fp32 over the gathered tokens (the kernel's fp16 roundings of S / P aside)."""
-    slots = (tables.long()[:, :, None] * PAGE + torch.arange(PAGE, device=q.device)).view(SEQS, -1)
-    kf, vf = (x.float().view(-1, KV_HEADS, HEAD_DIM)[slots].transpose(1, 2) for x in (k, v))  # [seq, head, tok, dim]
+    kf, vf = (shape.gathered(x, tables).float().transpose(1, 2) for x in (k, v))  # [seq, head, tok, dim]
     if level == 1:
         return (kf + vf).sum(2)[:, :, None, :].expand(-1, -1, GROUP, -1) / ROWS
     if level == 4:
@@ -140,7 +142,40 @@ def reference(q, k, v, tables, level):
     s = q[:, :, :GROUP].float() @ kf.transpose(-1, -2)
     if level == 2:
         return s @ vf
-    return torch.softmax(s * torch.log(torch.tensor(2.0)), -1) @ vf
+    return torch.softmax(s * math.log(2.0), -1) @ vf  # the kernel's exp2 scores
+
+
+def probe(args) -> list[dict]:
+    rows = []
+    tiles = [tuple(int(x) for x in t.split("/")) for t in args.tiles]
+    for is_int8, cvt in ((True, 1), (False, 2)):
+        dtype = "int8" if is_int8 else "fp8_e4m3"
+        if dtype not in args.dtypes:
+            continue
+        q, k, v, tables = case(is_int8)
+        qbs = quantized_q(q, k)
+        for name in args.levels:
+            level = LEVELS[name]
+            want = reference(q, k, v, tables, level)
+            fp16_q = reference(q, k, v, tables, LEVELS["dots"]) if level == 4 else None  # what quantizing Q costs
+
+            def errors(result, want=want, fp16_q=fp16_q, level=level):
+                got = combine(*result, level)
+                return [((got - w).norm() / w.norm()).item() if w is not None else None for w in (want, fp16_q)]
+            for (block_n, warps), splits, stages in itertools.product(tiles, args.splits, args.stages):
+                fn = lambda: run(q, k, v, tables, level, block_n, warps, splits, stages, cvt, qbs)  # noqa: E731
+                result = shape.measure(fn, errors)
+                if result is None:
+                    continue
+                (err, q_err), ms = result
+                row = dict(dtype=dtype, level=name, block_n=block_n, warps=warps, splits=splits, stages=stages,
+                           us=ms * 1e3, tb_per_s=2 * k.numel() / ms / 1e9, rel_err=err, rel_err_vs_fp16_q=q_err)
+                rows.append(row)
+                print(f"{dtype:<9} {name:<8} tile {block_n:>3}/{warps} splits {splits} stages {stages}: "
+                      f"{row['us']:7.1f} us {row['tb_per_s']:.2f} TB/s (rel err {err:.1e}"
+                      + (f", vs fp16 Q {q_err:.1e})" if q_err is not None else ")"), flush=True)
+        del q, k, v, tables, qbs
+    return rows
 
 
 def main(argv=None) -> int:
@@ -152,40 +187,7 @@ def main(argv=None) -> int:
     p.add_argument("--tiles", nargs="+", default=["16/1", "32/1", "64/4"], help="BLOCK_N/warps")
     p.add_argument("--dtypes", nargs="+", default=["int8", "fp8_e4m3"], choices=["int8", "fp8_e4m3"])
     args = p.parse_args(argv)
-    from triton.testing import do_bench
-    rows = []
-    tiles = [tuple(int(x) for x in t.split("/")) for t in args.tiles]
-    for is_int8, cvt in ((True, 1), (False, 2)):
-        if ("int8" if is_int8 else "fp8_e4m3") not in args.dtypes:
-            continue
-        q, k, v, tables = case(is_int8)
-        nbytes = 2 * k.numel()
-        for name, (block_n, warps), splits, stages in itertools.product(
-                args.levels, tiles, args.splits, args.stages):
-            level = LEVELS[name]
-            qbs = quantized_q(q, k)
-            fn = lambda: run(q, k, v, tables, level, block_n, warps, splits, stages, cvt, qbs)  # noqa: E731
-            try:
-                got = combine(*fn(), level)
-            except triton.runtime.errors.OutOfResources as e:
-                print(f"skip {name} {block_n}/{warps}/{stages}: {e}")
-                continue
-            want = reference(q, k, v, tables, level)
-            err = ((got - want).norm() / want.norm()).item()
-            # byte_qk: also its distance from fp16 Q's result, i.e. what quantizing Q costs
-            fp16_q = reference(q, k, v, tables, LEVELS["dots"]) if level == 4 else want
-            q_err = ((got - fp16_q).norm() / fp16_q.norm()).item()
-            ms = do_bench(fn, warmup=10, rep=40, return_mode="median")
-            row = dict(dtype="int8" if is_int8 else "fp8_e4m3", level=name, block_n=block_n, warps=warps,
-                       splits=splits, stages=stages, us=ms * 1e3, tb_per_s=nbytes / ms / 1e9, rel_err=err,
-                       rel_err_vs_fp16_q=q_err)
-            rows.append(row)
-            print(f"{row['dtype']:<9} {name:<8} tile {block_n:>3}/{warps} splits {splits} stages {stages}: "
-                  f"{row['us']:7.1f} us {row['tb_per_s']:.2f} TB/s (rel err {err:.1e}, vs fp16 Q {q_err:.1e})", flush=True)
-        del q, k, v, tables
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-           "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "shape": dict(seqs=SEQS, ctx=CTX, kv_heads=KV_HEADS,
-           head_dim=HEAD_DIM, page=PAGE, group=GROUP), "rows": rows}
+    out = dict(shape.header(group=GROUP), rows=probe(args))
     with open(os.path.join(args.outdir, "decode_ladder_probe.json"), "w") as f:
         json.dump(out, f, indent=1)
     return 0

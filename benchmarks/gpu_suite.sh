@@ -165,5 +165,5 @@ codecgap)  # where k_int8_v_fp8's throughput loss comes from: decode steps and k
   done ;;
 attention)  # the attention kernels' own cuda tests (about 100 compiles)
   TAIL=8 step 120 python3 -m pytest -q -m cuda tests/test_kernels_attention.py tests/test_kernels_attention_cuda.py -x ;;
-*) session_section "$s" || echo "unknown section $s" ;;
+*) session_section "$s" ;;
 esac; done

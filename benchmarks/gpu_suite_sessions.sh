@@ -3,7 +3,7 @@
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
 # graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, and s14a (queued).
-# Returns 1 for a name it does not know.
+# A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
 verify6)  # session 6's GPU paths first (~330 s): fresh-K/V prefill attention, kernel warm-up, fp8 MoE experts,
@@ -467,6 +467,6 @@ s14a)  # next session first (issue 17, <= 480 s): where the codec's decode steps
       --kv-codec $c --kernel-table 12 --json $o/step_profile_0.6b_$c.json >$o/step_profile_$c.log 2>&1
     echo "step_profile $c exit $?"; grep -A4 "^batch_size" $o/step_profile_$c.log | head -6; pack
   done ;;
-*) return 1 ;;
+*) echo "unknown section $1" ;;
 esac
 }

@@ -1,5 +1,6 @@
 """The issue-17 decode probes (GPU diagnostics in benchmarks/) compute what they claim, in the Triton interpreter at a
-small shape: the word read probe's integer sums are exact, and every ladder stage matches its torch reference."""
+small shape whose last tile is partial and whose last split is empty: the read probe's per-(sequence, head group)
+sums match a torch gather through the block tables, and every ladder stage matches its torch reference."""
 from __future__ import annotations
 
 import pytest
@@ -8,42 +9,37 @@ import torch
 pytest.importorskip("triton")
 
 from benchmarks import decode_ladder_probe as ladder  # noqa: E402
+from benchmarks import decode_probe_shape as shape  # noqa: E402
 from benchmarks import decode_read_probe as reader  # noqa: E402
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def small(monkeypatch):
-    for mod in (ladder, reader):
-        monkeypatch.setattr(mod, "SEQS", 2)
-        monkeypatch.setattr(mod, "CTX", 64)
-        monkeypatch.setattr(mod, "KV_HEADS", 2)
+    monkeypatch.setattr(shape, "SEQS", 2)
+    monkeypatch.setattr(shape, "CTX", 48)  # 32-key tiles: the second one half masked; 3 splits: the last one empty
+    monkeypatch.setattr(shape, "KV_HEADS", 4)
 
 
-@pytest.mark.parametrize("head_major", [False, True])
+@pytest.mark.parametrize("words", [True, False])
+@pytest.mark.parametrize("head_major, heads", [(False, 1), (False, 2), (True, 1)])  # head-major: one head per run
 @pytest.mark.parametrize("dtype", [torch.int8, torch.bfloat16])
-def test_word_probe_sums_every_byte_exactly(small, dtype, head_major):
-    pages = reader.SEQS * reader.CTX // reader.PAGE
-    shape = (pages, 2, reader.PAGE, reader.HEAD_DIM) if head_major else (pages, reader.PAGE, 2, reader.HEAD_DIM)
-    torch.manual_seed(0)
-    k, v = (torch.randint(-100, 100, shape, dtype=torch.int8).to(dtype) for _ in range(2))
-    if head_major:
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-    tables = torch.randperm(pages, dtype=torch.int32).view(reader.SEQS, -1)
-    want = (k.view(torch.int32).long().sum() + v.view(torch.int32).long().sum()).item() % 2**32
-    got = reader.run_words(k, v, tables, heads=1, block_n=16, warps=1, splits=2, stages=1)
-    assert got.long().sum().item() % 2**32 == want
-    got[0] += 1  # the comparison sees a one-word difference
-    assert got.long().sum().item() % 2**32 != want
+def test_read_probe_sums_each_sequence_and_group(dtype, head_major, heads, words):
+    k, v, tables = reader.case(dtype, head_major, device="cpu")
+    want = reader.reference(k, v, tables, heads, words)
+    out = reader.run(k, v, tables, heads, block_n=32, warps=1, splits=3, words=words)
+    assert reader.check(out, want, words) < 1e-12
+    bad_tables = tables.flip(0)  # each sequence read through the other's table: the total is the same, the sums not
+    assert reader.check(reader.run(k, v, bad_tables, heads, 32, 1, 3, words), want, words) > 1e-6
 
 
 @pytest.mark.parametrize("is_int8", [True, False])
 @pytest.mark.parametrize("level", list(ladder.LEVELS))
-def test_ladder_stage_matches_torch(small, is_int8, level):
+def test_ladder_stage_matches_torch(is_int8, level):
     q, k, v, tables = ladder.case(is_int8, "cpu")
     lv = ladder.LEVELS[level]
-    got = ladder.combine(*ladder.run(q, k, v, tables, lv, 16, 1, 2, 1, 0), lv)  # CVT 0: the interpreter's conversion
+    got = ladder.combine(*ladder.run(q, k, v, tables, lv, 32, 1, 3, 1, 0), lv)  # CVT 0: the interpreter's conversion
     want = ladder.reference(q, k, v, tables, lv)
     assert ((got - want).norm() / want.norm()).item() < 1e-3
     if level == "byte_qk":  # quantizing Q moves the result, but not by much
         fp16_q = ladder.reference(q, k, v, tables, ladder.LEVELS["dots"])
-        assert 0 < ((got - fp16_q).norm() / fp16_q.norm()).item() < 3e-2
+        assert ((got - fp16_q).norm() / fp16_q.norm()).item() < 5e-2
