@@ -459,13 +459,22 @@ s13d)  # issue 17, session 13 (<= 200 s): int8 Q K^T on the stored bytes (ladder
       python3 -m benchmarks.decode_ladder_probe $o/$tag --levels $lv --tiles 32/1 --stages 3 --dtypes int8 >$o/ncu_$tag.log 2>&1
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack; done ;;
-s14a)  # next session first (issue 17, <= 480 s): where the codec's decode steps lose at the Nano-vLLM lengths (graph
+s14a)  # session 14 first (issue 17, <= 530 s): where the codec's decode steps lose at the Nano-vLLM lengths (graph
   # replay and kernel table, batch 256 x 256 / 1024 context) and at batch 1 (TPOT's 128-token step), per codec
-  o=/tmp/s14a; mkdir -p $o; pack() { tar -czf "$out/s14a.tgz" -C $o . ; }
+  o=/tmp/s14a; mkdir -p $o; pack() { tar -czf "$out/s14a.tgz" -C $o . ; }; t0=$SECONDS
   for c in unquantized k_int8_v_fp8 int8; do
     timeout 110 python3 -m benchmarks.step_profile --model dummy:Qwen3-0.6B --batch-sizes 1 256 --context-len 128 1024 \
       --kv-codec $c --kernel-table 12 --json $o/step_profile_0.6b_$c.json >$o/step_profile_$c.log 2>&1
     echo "step_profile $c exit $?"; grep -A4 "^batch_size" $o/step_profile_$c.log | head -6; pack
+  done
+  # the KV-bound workload's decode steps (Llama-3.1-8B shapes, 256 x 2,048: what bf16 holds) in what time is left
+  for c in unquantized k_int8_v_fp8; do
+    left=$((530 - SECONDS + t0)); [ $left -lt 60 ] && { echo "skip llama $c: $left s left"; continue; }
+    [ $c = unquantized ] && left=$((left / 2 > 60 ? left / 2 : 60))  # the codec's run gets the rest
+    timeout $left python3 -m benchmarks.step_profile --model dummy:Llama-3.1-8B \
+      --batch-sizes 256 --context-len 2048 --max-model-len 4096 --steps 10 --kv-codec $c --kernel-table 12 \
+      --json $o/step_profile_llama8b_$c.json >$o/step_profile_llama8b_$c.log 2>&1
+    echo "step_profile llama8b $c exit $?"; grep -A2 "^batch_size" $o/step_profile_llama8b_$c.log | head -3; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
