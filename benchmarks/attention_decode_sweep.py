@@ -10,6 +10,7 @@ baseline. Writes ``OUTDIR/attention_decode_sweep.json`` after every group and pr
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import json
 import os
@@ -33,11 +34,20 @@ CUDA_CORE_TILES = [(16, 1, 1), (8, 1, 1), (32, 1, 1), (16, 2, 1), (32, 4, 1)]
 #: fourth round (session 12): the grid order of decode grids (``DECODE_HEADS_FIRST``), "|hf" = heads first
 GRID_PATHS = ("default", "default|hf", "cuda_core", "cuda_core|hf")
 CUDA_CORE_SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x16384": (1, 16384)}
+#: fifth round (session 14): batch 1 (TPOT's steps), GQA 2, timed as CUDA-graph replays (a few-us kernel launched
+#: from Python would time the launch); the engine's default there is the 4-warp (128, 4, 2) tile
+BATCH1_SHAPES = {"1x128": (1, 128), "1x1024": (1, 1024)}
+BATCH1_TILES = [(128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (64, 2, 2), (32, 2, 3), (32, 1, 3)]
+
+
+def shapes_of(which: str) -> dict:
+    return {"cuda_core": CUDA_CORE_SHAPES, "grid": CUDA_CORE_SHAPES, "batch1": BATCH1_SHAPES}.get(which, SHAPES)
 
 
 def variants(which: str = "one_warp") -> list[tuple]:
     """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
     heads = HEADS if which in ("one_warp", "cuda_core", "grid") else ("gqa2", "gqa4")
+    heads = ("gqa2",) if which == "batch1" else heads
     out = [(h, "bf16", "default", None, 0) for h in heads]
     if which == "grid":
         out += [(h, "bf16", "default|hf", None, 0) for h in heads]
@@ -54,6 +64,10 @@ def variants(which: str = "one_warp") -> list[tuple]:
             out += [(h, layout, "cuda_core", t, 0) for t in CUDA_CORE_TILES]
             out += [(h, layout, "cuda_core", (16, 1, 1), s) for s in (1, 2, 8)]
             continue
+        if which == "batch1":
+            out += [(h, layout, "default", None, 0)]
+            out += [(h, layout, "fp16_hwcvt", t, s) for t in BATCH1_TILES for s in (0, 2, 4)]
+            continue
         if which == "one_warp":
             out += [(h, layout, "fp16_hwcvt", t, s) for t in ONE_WARP_TILES for s in (0, 1, 4, 16)]
             continue
@@ -66,9 +80,7 @@ def variants(which: str = "one_warp") -> list[tuple]:
 def _setup(heads: str):
     from benchmarks import attention_quant_tune as aqt
     aqt.HEADS, aqt.KV_HEADS = HEADS[heads]
-    aqt.SHAPES = SHAPES  # aqt.decode_cases / time_decode build and time these
-    if os.environ.get("SWEEP_VARIANTS") in ("cuda_core", "grid"):
-        aqt.SHAPES = CUDA_CORE_SHAPES
+    aqt.SHAPES = shapes_of(os.environ.get("SWEEP_VARIANTS", ""))  # aqt.decode_cases / time_decode use these
     return aqt
 
 
@@ -101,12 +113,17 @@ def time_group(heads: str, layout: str, group: list, rows: list) -> None:
     aqt = _setup(heads)
     codec = aqt.codecs()[layout]
     cases = aqt.decode_cases(codec)
+    bench = None
+    if os.environ.get("SWEEP_VARIANTS") == "batch1":
+        from triton.testing import do_bench_cudagraph
+        bench = functools.partial(do_bench_cudagraph, rep=40, return_mode="median")
     for _, _, path, tile, splits in group:
         cfg = _config(path, tile, splits)
         row = {"heads": heads, "layout": layout, "path": path, "tile": tile, "splits": splits}
         try:
             row["rel_err"] = aqt.rel_err(codec, aqt.DECODE_CHECK, cfg, 1)
-            row.update({shape: 1e3 * t["ms"] for shape, t in aqt.time_decode(codec, None, cfg, cases).items()})
+            timed = aqt.time_decode(codec, None, cfg, cases, bench)
+            row.update({shape: 1e3 * t["ms"] for shape, t in timed.items()})
         except Exception as exc:
             row["error"] = f"{type(exc).__name__}: {str(exc)[:200]}"
         rows.append(row)
@@ -114,11 +131,13 @@ def time_group(heads: str, layout: str, group: list, rows: list) -> None:
 
 
 def summarize(rows: list) -> list[str]:
-    shapes = CUDA_CORE_SHAPES if os.environ.get("SWEEP_VARIANTS") in ("cuda_core", "grid") else SHAPES
+    shapes = shapes_of(os.environ.get("SWEEP_VARIANTS", ""))
     base = {(r["heads"], s): r[s] for r in rows if r["layout"] == "bf16" and r["path"] == "default" and "error" not in r
             for s in shapes}
     lines = []
     for heads, layout, shape in itertools.product(HEADS, LAYOUTS, shapes):
+        if (heads, shape) not in base:
+            continue
         ok = [r for r in rows if r["heads"] == heads and r["layout"] == layout and shape in r
               and r.get("rel_err", 1) < 2e-2]
         best = sorted(ok, key=lambda r: r[shape])[:3]
@@ -136,10 +155,11 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid"), default="one_warp",
+    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", "batch1"), default="one_warp",
                    help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits; "
                         "cuda_core: the CUDA-core decode kernel's tiles against the engine's default; "
-                        "grid: heads-first grid order against the default order")
+                        "grid: heads-first grid order against the default order; batch1: tiles x splits of "
+                        "batch-1 steps, graph-timed")
     args = p.parse_args(argv)
     os.environ["SWEEP_VARIANTS"] = args.variants  # the spawned compile workers read it too
     start = time.monotonic()
@@ -157,7 +177,7 @@ def main(argv=None) -> int:
     rows: list = []
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
            "commit": os.environ.get("NANOCORE_GIT_COMMIT", ""), "heads": HEADS,
-           "shapes": CUDA_CORE_SHAPES if args.variants in ("cuda_core", "grid") else SHAPES, "rows": rows}
+           "shapes": shapes_of(args.variants), "rows": rows}
     path = os.path.join(args.outdir, f"attention_decode_sweep_{args.variants}.json")
     for (h, lay), g in groups.items():
         time_group(h, lay, g, rows)

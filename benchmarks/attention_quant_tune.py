@@ -16,6 +16,7 @@ variant the defaults pick, with its speedup over bf16.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -124,11 +125,13 @@ def check(codec, cfg, first_of_path: bool) -> dict:
     return {"rel_err": errs, "ok": max(errs.values()) < CHECK_TOL}
 
 
-def time_decode(codec, label, cfg, cases) -> dict:
-    """Median ms per shape (one layer); bytes = the cache tensors (every K/V element and scale read once)."""
+def time_decode(codec, label, cfg, cases, bench=None) -> dict:
+    """Median ms per shape (one layer); bytes = the cache tensors (every K/V element and scale read once).
+    ``bench`` (fn -> ms) replaces ``do_bench``, e.g. a CUDA-graph timer for kernels of a few us."""
     row = {}
+    bench = bench or functools.partial(do_bench, warmup=10, rep=40, return_mode="median")
     for shape, (q, cache, meta, nbytes) in cases.items():
-        ms = do_bench(lambda: run(q, cache, meta, codec, cfg), warmup=10, rep=40, return_mode="median")
+        ms = bench(lambda: run(q, cache, meta, codec, cfg))
         row[shape] = {"ms": ms, "tb_per_s": nbytes / ms / 1e9}
     return row
 

@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, and s14a (queued).
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a, s14b.
 # A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
@@ -476,6 +476,26 @@ s14a)  # session 14 first (issue 17, <= 530 s): where the codec's decode steps l
       --json $o/step_profile_llama8b_$c.json >$o/step_profile_llama8b_$c.log 2>&1
     echo "step_profile llama8b $c exit $?"; grep -A2 "^batch_size" $o/step_profile_llama8b_$c.log | head -3; pack
   done ;;
+s14b)  # issue 17 (<= 540 s): the throughput pass step by step per codec (which steps the codec loses); ncu of the decode
+  # kernel at the TPOT (1 x 128), throughput (256 x 1024) and KV-bound (Llama-3.1-8B heads, 256 x 2048) shapes;
+  # batch-1 decode tiles x splits, graph-timed, in what time is left
+  o=/tmp/s14b; mkdir -p $o; pack() { tar -czf "$out/s14b.tgz" -C $o . ; }; t0=$SECONDS
+  for c in unquantized k_int8_v_fp8; do
+    timeout 110 python3 -m benchmarks.throughput_timeline --kv-codec $c --json $o/timeline_$c.json >$o/timeline_$c.log 2>&1
+    echo "timeline $c exit $?"; grep -v "^wrote" $o/timeline_$c.log | head -14; pack
+  done
+  for spec in "bf16 1 128 16" "k_int8_v_fp8 1 128 16" "bf16 256 1024 16" "k_int8_v_fp8 256 1024 16" \
+              "bf16 256 2048 32" "k_int8_v_fp8 256 2048 32"; do
+    set -- $spec; tag=$1_$2x$3_h$4
+    timeout 60 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
+      --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx $3 --heads $4 \
+      --kv-heads 8 >$o/ncu_$tag.log 2>&1
+    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
+    rm -f $o/ncu_$tag.ncu-rep; pack
+  done
+  left=$((540 - SECONDS + t0)); echo "sweep gets $left s"
+  timeout $left python3 -m benchmarks.attention_decode_sweep $o --variants batch1 >$o/sweep_batch1.log 2>&1
+  echo "sweep exit $?"; grep -v "^compiled" $o/sweep_batch1.log | tail -40; pack ;;
 *) echo "unknown section $1" ;;
 esac
 }
