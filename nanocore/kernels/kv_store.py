@@ -1,6 +1,6 @@
 """Fused KV store: write new K/V ``[T, Hkv, D]`` into the paged cache at ``slot_mapping`` (slot -1 skipped).
 
-One program per token writes both K and V. Layouts with scales quantize on the way in: per (token, head)
+One program per token and side (K or V). Layouts with scales quantize on the way in: per (token, head)
 or per group of head_dim, symmetric, ``scale = amax * (1 / qmax)`` (1 where amax is 0), int8 rounds half up
 (``floor(x + 0.5)``) and saturates at +-127, fp8 e4m3 saturates at +-448 and rounds to nearest even.
 ``store_kv_reference`` below is the torch twin and defines the same numbers.
@@ -82,12 +82,14 @@ def store_kv_kernel(
     slot = tl.load(slot_ptr + tok).to(tl.int64)
     if slot < 0:  # padding token: nothing to store
         return
-    _store_one(k_ptr, kc_ptr, ks_ptr, tok, slot, k_stride_t, k_stride_h, kc_stride_t, kc_stride_h,
-               ks_stride_t, ks_stride_h, NUM_KV_HEADS, K_GROUPS, K_GROUP_SIZE, K_ROWS, K_COLS,
-               K_SCALE, K_QMAX, K_INT, K_SCALE_MIN)
-    _store_one(v_ptr, vc_ptr, vs_ptr, tok, slot, v_stride_t, v_stride_h, vc_stride_t, vc_stride_h,
-               vs_stride_t, vs_stride_h, NUM_KV_HEADS, V_GROUPS, V_GROUP_SIZE, V_ROWS, V_COLS,
-               V_SCALE, V_QMAX, V_INT, V_SCALE_MIN)
+    if tl.program_id(1) == 0:  # K and V in programs of their own: a decode step's two chains run side by side
+        _store_one(k_ptr, kc_ptr, ks_ptr, tok, slot, k_stride_t, k_stride_h, kc_stride_t, kc_stride_h,
+                   ks_stride_t, ks_stride_h, NUM_KV_HEADS, K_GROUPS, K_GROUP_SIZE, K_ROWS, K_COLS,
+                   K_SCALE, K_QMAX, K_INT, K_SCALE_MIN)
+    else:
+        _store_one(v_ptr, vc_ptr, vs_ptr, tok, slot, v_stride_t, v_stride_h, vc_stride_t, vc_stride_h,
+                   vs_stride_t, vs_stride_h, NUM_KV_HEADS, V_GROUPS, V_GROUP_SIZE, V_ROWS, V_COLS,
+                   V_SCALE, V_QMAX, V_INT, V_SCALE_MIN)
 
 
 def _side_args(cache_t: torch.Tensor, scale_t: torch.Tensor | None, granularity: str,
@@ -127,7 +129,7 @@ def store_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
     vs = cache.v_scale.view(-1, *cache.v_scale.shape[2:]) if cache.v_scale is not None else vc
     ka = _side_args(cache.k, cache.k_scale, layout.k_scale, layout, num_kv_heads, head_dim)
     va = _side_args(cache.v, cache.v_scale, layout.v_scale, layout, num_kv_heads, head_dim)
-    store_kv_kernel[(num_tokens,)](
+    store_kv_kernel[(num_tokens, 2)](
         k, v, slot_mapping, kc, vc, ks, vs,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1), kc.stride(0), kc.stride(1),
         vc.stride(0), vc.stride(1), ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1),
