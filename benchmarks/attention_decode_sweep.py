@@ -38,16 +38,23 @@ CUDA_CORE_SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x16384": (1,
 #: from Python would time the launch); the engine's default there is the 4-warp (128, 4, 2) tile
 BATCH1_SHAPES = {"1x128": (1, 128), "1x1024": (1, 1024)}
 BATCH1_TILES = [(128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (64, 2, 2), (32, 2, 3), (32, 1, 3)]
+#: sixth round (session 14): decode batches of mixed lengths, as the Nano-vLLM workload's steps (s14b timeline: 256 rows
+#: at contexts 100..1,024 at its start, ~158 rows up to 1,521 later), where one 1-warp program per (sequence, KV head)
+#: walks its whole context: 1-warp tiles x forced splits and 4-warp tiles, with the uniform 256 x 1024 as a check
+MIXED_SHAPES = {"256xU100-1024": (256, (100, 1024)), "158xU300-1521": (158, (300, 1521)), "256x1024": (256, 1024)}
+MIXED_TILES = [((32, 1, 3), 1), ((32, 1, 3), 2), ((32, 1, 3), 4), ((16, 1, 3), 2), ((32, 4, 3), 1), ((64, 4, 2), 1),
+               ((32, 4, 3), 2)]
 
 
 def shapes_of(which: str) -> dict:
-    return {"cuda_core": CUDA_CORE_SHAPES, "grid": CUDA_CORE_SHAPES, "batch1": BATCH1_SHAPES}.get(which, SHAPES)
+    return {"cuda_core": CUDA_CORE_SHAPES, "grid": CUDA_CORE_SHAPES, "batch1": BATCH1_SHAPES,
+            "mixed": MIXED_SHAPES}.get(which, SHAPES)
 
 
 def variants(which: str = "one_warp") -> list[tuple]:
     """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
     heads = HEADS if which in ("one_warp", "cuda_core", "grid") else ("gqa2", "gqa4")
-    heads = ("gqa2",) if which == "batch1" else heads
+    heads = ("gqa2",) if which in ("batch1", "mixed") else heads
     out = [(h, "bf16", "default", None, 0) for h in heads]
     if which == "grid":
         out += [(h, "bf16", "default|hf", None, 0) for h in heads]
@@ -63,6 +70,10 @@ def variants(which: str = "one_warp") -> list[tuple]:
                 continue
             out += [(h, layout, "cuda_core", t, 0) for t in CUDA_CORE_TILES]
             out += [(h, layout, "cuda_core", (16, 1, 1), s) for s in (1, 2, 8)]
+            continue
+        if which == "mixed":
+            out += [(h, layout, "default", None, 0)]
+            out += [(h, layout, "fp16_hwcvt", t, s) for t, s in MIXED_TILES]
             continue
         if which == "batch1":
             out += [(h, layout, "default", None, 0)]
@@ -155,11 +166,12 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", "batch1"), default="one_warp",
+    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", "batch1", "mixed"),
+                   default="one_warp",
                    help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits; "
                         "cuda_core: the CUDA-core decode kernel's tiles against the engine's default; "
                         "grid: heads-first grid order against the default order; batch1: tiles x splits of "
-                        "batch-1 steps, graph-timed")
+                        "batch-1 steps, graph-timed; mixed: decode batches of mixed lengths")
     args = p.parse_args(argv)
     os.environ["SWEEP_VARIANTS"] = args.variants  # the spawned compile workers read it too
     start = time.monotonic()

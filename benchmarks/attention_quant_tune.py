@@ -20,6 +20,7 @@ import functools
 import json
 import os
 import platform
+import random
 import sys
 import time
 
@@ -152,9 +153,13 @@ def time_store(codec) -> dict:
 
 
 def decode_cases(codec) -> dict:
+    """One decode batch per ``SHAPES`` entry (sequences, context); a context ``(lo, hi)`` draws each sequence's
+    length uniformly (seeded: every layout and variant sees the same batch)."""
     cases = {}
     for shape, (n, ctx) in SHAPES.items():
-        q, cache, meta = make_case(codec, [(1, ctx)] * n)
+        rng = random.Random(n)
+        lens = [rng.randint(*ctx) for _ in range(n)] if isinstance(ctx, tuple) else [ctx] * n
+        q, cache, meta = make_case(codec, [(1, lk) for lk in lens])
         cases[shape] = (q, cache, meta, sum(t.numel() * t.element_size() for t in cache.tensors()))
     return cases
 

@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a, s14b.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14c.
 # A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
@@ -496,6 +496,26 @@ s14b)  # issue 17 (<= 540 s): the throughput pass step by step per codec (which 
   left=$((540 - SECONDS + t0)); echo "sweep gets $left s"
   timeout $left python3 -m benchmarks.attention_decode_sweep $o --variants batch1 >$o/sweep_batch1.log 2>&1
   echo "sweep exit $?"; grep -v "^compiled" $o/sweep_batch1.log | tail -40; pack ;;
+s14c)  # issue 17 (<= 530 s): cuda tests of the split KV store and the few-programs decode tile; decode batches of mixed
+  # lengths (1-warp tiles x splits); Nano-vLLM throughput bf16 / k_int8_v_fp8 at 1-warp min splits 1, 2, 4; batch-1
+  # latency (TPOT) per codec with the new few-programs tile and store
+  o=/tmp/s14c; mkdir -p $o; pack() { tar -czf "$out/s14c.tgz" -C $o . ; }; t0=$SECONDS
+  timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_kernels_kv_store.py tests/test_kernels_attention_cuda.py \
+    -k "store or quantized_layouts or quantized_paths or long_decode or graph_capture" >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -4 $o/tests.log; pack
+  timeout 100 python3 -m benchmarks.attention_decode_sweep $o --variants mixed >$o/sweep_mixed.log 2>&1
+  echo "sweep exit $?"; grep -v "^compiled" $o/sweep_mixed.log | tail -34; pack
+  lat() { local c=$1 left=$((530 - SECONDS + t0)); [ $left -lt 30 ] && { echo "skip latency $c: $left s left"; return; }
+    timeout $((left < 45 ? left : 45)) $N bench latency $Q06 --max-num-seqs 8 --max-model-len 1024 --kv-codec $c \
+      --json $o/latency_qwen3_0.6b_$c.json >$o/latency_$c.log 2>&1
+    echo "latency $c exit $?"; grep -A1 "tpot" $o/latency_$c.log | tail -2 | cut -c1-160; pack; }
+  thr() { local left=$((530 - SECONDS + t0)); [ $left -lt 100 ] && { echo "skip throughput $*: $left s left"; return; }
+    NANOCORE_ATTN_DECODE_MIN_SPLITS=$2 timeout 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $1 \
+      --json $o/throughput_$1_min$2.json >$o/throughput_$1_min$2.log 2>&1
+    echo "throughput $* exit $?"; grep -A1 "^model" $o/throughput_$1_min$2.log | tail -1 | cut -c1-120; pack; }
+  lat unquantized; lat k_int8_v_fp8
+  thr unquantized 1; thr k_int8_v_fp8 1; thr k_int8_v_fp8 2
+  lat int8; lat fp8_e4m3; thr k_int8_v_fp8 4 ;;
 *) echo "unknown section $1" ;;
 esac
 }

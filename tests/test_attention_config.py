@@ -60,16 +60,21 @@ def test_one_byte_decode_tile_and_its_split_rule():
 
 
 def test_small_one_byte_decode_batches_take_the_4_warp_tile(monkeypatch):
-    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take WIDE_NARROW_TILE; 64 sequences
-    keep the 1-warp tile; the CPU (no SM count) and the tile override keep it too."""
+    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take FEW_PROGRAMS_DECODE_TILE (split by the
+    4-warp rule); 64 sequences keep the 1-warp tile; the CPU (no SM count) and the tile override keep it too;
+    2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
     from nanocore.kernels import attention_config as ac
 
     def cfg(num_seqs, sms=132):
         return ac.batch_choice(1, 128, num_seqs, [1] * num_seqs, [128] * num_seqs, False, 2, 8, 128, 1, False,
                                sms).config
     small = cfg(1)
-    assert (small.block_n, small.num_warps, small.num_stages) == ac.WIDE_NARROW_TILE
+    assert (small.block_n, small.num_warps, small.num_stages) == ac.FEW_PROGRAMS_DECODE_TILE
     assert small.quant_path == "fp16_hwcvt"
+    long = ac.batch_choice(1, 1024, 1, [1], [1024], False, 2, 8, 128, 1, False, 132)
+    assert long.splits == 8  # 32 tiles of 32 keys: 4 per split
+    chunk = ac.batch_choice(4, 128, 1, [4], [128], True, 2, 8, 128, 1, False, 132).config
+    assert (chunk.block_n, chunk.num_warps, chunk.num_stages) == ac.WIDE_NARROW_TILE
     assert cfg(64).num_warps == 1 and cfg(1, sms=0).num_warps == 1
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/3")
     assert cfg(1).num_warps == 1
@@ -112,7 +117,7 @@ def test_launch_choice_is_computed_once_per_step(monkeypatch):
 def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
     """``NANOCORE_ATTN_QUANT_PATH=cuda_core``: pure decode of GQA <= 2 over many programs takes the CUDA-core
     kernel's tile; bigger groups, few programs and 2+ token chunks keep the tensor-core fp16 tiles."""
-    from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, WIDE_NARROW_TILE, default_config
+    from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, FEW_PROGRAMS_DECODE_TILE, default_config
     monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "cuda_core")
     cfg = default_config(1, 2, 128, 1)
     assert cfg.quant_path == "cuda_core" and (cfg.block_n, cfg.num_warps, cfg.num_stages) == CUDA_CORE_DECODE_TILE
@@ -124,6 +129,25 @@ def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
     assert (default_config(1, 2, 128, 1).block_n, default_config(1, 2, 128, 1).quant_path) == (32, "cuda_core")
     monkeypatch.delenv("NANOCORE_ATTN_DECODE_TILE")
     few = default_config(1, 2, 128, 1, few_programs=True)
-    assert (few.block_n, few.num_warps, few.num_stages) == WIDE_NARROW_TILE
+    assert (few.block_n, few.num_warps, few.num_stages) == FEW_PROGRAMS_DECODE_TILE
     monkeypatch.delenv("NANOCORE_ATTN_QUANT_PATH")
     assert default_config(1, 2, 128, 1).quant_path == "fp16_hwcvt"  # the default is unchanged
+
+
+def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
+    """``NANOCORE_ATTN_DECODE_MIN_SPLITS`` raises the split count of 1-warp one-byte decode grids only; bf16, chunks,
+    the 4-warp few-programs tile and the CPU keep their choice; a bad value is refused with what to write."""
+    from nanocore.kernels import attention_config as ac
+
+    def choice(kv_itemsize, max_query_len=1, sms=132, num_seqs=256):
+        return ac.batch_choice(max_query_len, 1024, num_seqs, [max_query_len] * num_seqs, [1024] * num_seqs,
+                               max_query_len > 1, 2, 8, 128, kv_itemsize, False, sms)
+    assert choice(1).splits == ac.ONE_WARP_MIN_SPLITS == 1  # 2,048 1-warp programs: no split by default
+    assert choice(1, num_seqs=64).splits == 4  # 512 programs: the heuristic's split
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "2")
+    assert choice(1).splits == 2 and choice(1, num_seqs=64).splits == 4  # a floor, not a cap
+    assert choice(2).splits == 1 and choice(1, sms=0).splits == 1 and choice(1, max_query_len=4).splits == 1
+    assert choice(1, num_seqs=1).splits == 8  # the few-programs tile keeps the 4-warp rule
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "0")
+    with pytest.raises(ValueError, match="expected a split count 1..64"):
+        choice(1)

@@ -43,11 +43,15 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 #: The 4-warp one-byte tile (the default before session 7), for two kinds of decode-shaped batch:
 #: - with a chunk of 2+ tokens (up to 64 rows; H200, "fold": int8 / fp8 128/4/2): one warp would hold a 64-row
 #:   accumulator (sm_90 compile: 3.5 KB of stack, 15 s per variant);
-#: - pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting): batch 1 at a 128-token
-#:   context on the H200 (Qwen3-0.6B, k_int8_v_fp8, session 8): TPOT 1.674 ms with (32, 1, 3), 1.601 with
-#:   (64, 4, 2), 1.577 with (128, 4, 2); bf16 1.492. A few 1-warp programs walk their keys one 32-key tile after
-#:   another. Not timed at long contexts (1 x 16K).
+#: - pure decode with fewer 1-warp programs than SMs until session 14 (now ``FEW_PROGRAMS_DECODE_TILE``).
 WIDE_NARROW_TILE = (128, 4, 2)
+#: Pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting: batch 1 to ~16): a few
+#: programs walk their keys tile after tile, so the chain per program sets the time. H200, session 14 (s14b,
+#: ``attention_decode_sweep --variants batch1``, graph-timed, GQA 2, per layer; bf16 5.0 / 9.9 us at 1 x 128 / 1 x
+#: 1024): int8 (32, 4, 3) 6.0-8.5 / 9.7 us (8 splits at 1,024), the earlier (128, 4, 2) 6.1-7.9 / 15.3 us (2
+#: splits; 10.7 with 4), 1-warp (32, 1, 3) 8.0-10.2 / 18.1; fp8_e4m3 alike; k_int8_v_fp8 6.7-9.6 / 11.4 vs
+#: 6.4-8.2 / 16.1. More, shorter splits win at batch 1: 32-key tiles split by ``choose_num_splits``' 4-warp rule.
+FEW_PROGRAMS_DECODE_TILE = (32, 4, 3)
 #: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
 #: group it takes (its instructions per byte grow with the group). H200, session 12 (``attention_decode_sweep
 #: --variants cuda_core / grid``, per layer, 16/1/1): GQA 2, int8 / fp8 per-token scales: 256 x 512 110.7 / 103.2 us
@@ -56,6 +60,11 @@ WIDE_NARROW_TILE = (128, 4, 2)
 #: against the fp16 tile's 0.75-0.82x. Batches with fewer programs than SMs keep the 4-warp fp16 tile (one warp
 #: would walk a short context tile by tile); head_dim must be a power of two (``narrow_decode.covers``).
 CUDA_CORE_DECODE_TILE = (16, 1, 1)
+#: Fewest KV splits of a 1-warp one-byte decode grid (``choose_num_splits`` may choose more). One program per
+#: (sequence, KV head, split) walks its range tile after tile, so in a batch of mixed lengths the longest sequences'
+#: programs set the step's time (s14b: the Nano-vLLM workload's decode steps 1.04-1.2x bf16's while uniform batches
+#: of the same size run 0.89x). ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` overrides it.
+ONE_WARP_MIN_SPLITS = 1
 CUDA_CORE_MAX_GROUP = 2
 #: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
 #: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
@@ -109,7 +118,9 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True
         return block_n, warps, stages
     if k_grouped and not fp16_path(quant_path):
         return GROUP_K_DECODE_TILE
-    return NARROW_DECODE_TILE if one_token and not few_programs else WIDE_NARROW_TILE
+    if not one_token:
+        return WIDE_NARROW_TILE
+    return FEW_PROGRAMS_DECODE_TILE if few_programs else NARROW_DECODE_TILE
 
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
@@ -133,6 +144,18 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
     return AttentionConfig(max(64, triton.next_power_of_2(group)), 32, 4, 3)
+
+
+def one_warp_min_splits() -> int:
+    """Fewest KV splits of a 1-warp one-byte decode grid: ``ONE_WARP_MIN_SPLITS``, or ``NANOCORE_ATTN_DECODE_MIN_SPLITS``
+    for A/B runs."""
+    env = os.environ.get("NANOCORE_ATTN_DECODE_MIN_SPLITS", "")
+    if not env:
+        return ONE_WARP_MIN_SPLITS
+    if not env.isdigit() or not 1 <= int(env) <= 64:
+        raise ValueError(f"NANOCORE_ATTN_DECODE_MIN_SPLITS={env!r}: expected a split count 1..64; unset it for the "
+                         f"default ({ONE_WARP_MIN_SPLITS})")
+    return int(env)
 
 
 def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4) -> int:
@@ -197,4 +220,6 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
         if num_q_tiles > 1:
             q_tiles = sum(-(-n // block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
         splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
+        if cfg.num_warps == 1 and kv_itemsize == 1 and max_query_len <= 1:
+            splits = max(splits, one_warp_min_splits())
     return AttentionChoice(cfg, fresh, cached, splits)
