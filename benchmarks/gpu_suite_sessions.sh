@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14c.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d.
 # A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
@@ -516,6 +516,13 @@ s14c)  # issue 17 (<= 530 s): cuda tests of the split KV store and the few-progr
   lat unquantized; lat k_int8_v_fp8
   thr unquantized 1; thr k_int8_v_fp8 1; thr k_int8_v_fp8 2
   lat int8; lat fp8_e4m3; thr k_int8_v_fp8 4 ;;
+s14d)  # issue 17 (<= 300 s): the KV-bound workload, bf16 and k_int8_v_fp8, at this session's code (one call)
+  o=/tmp/s14d; mkdir -p $o; pack() { tar -czf "$out/s14d.tgz" -C $o . ; }
+  for c in unquantized k_int8_v_fp8; do
+    timeout 150 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
+    echo "kv-bound $c exit $?"; grep -A1 "^model" $o/kv_bound_$c.log | tail -1 | cut -c1-200; pack
+  done ;;
 *) echo "unknown section $1" ;;
 esac
 }
