@@ -23,6 +23,8 @@ def main(argv=None) -> int:
     p.add_argument("path", nargs="?", default=None, help="quant path (default: the engine's)")
     p.add_argument("--seqs", type=int, default=64)
     p.add_argument("--ctx", type=int, default=4096)
+    p.add_argument("--ctx-range", type=int, nargs=2, metavar=("LO", "HI"),
+                   help="mixed lengths, uniform in [LO, HI] (the decode sweep's mixed batches), instead of --ctx")
     p.add_argument("--heads", type=int, default=aqt.HEADS)
     p.add_argument("--kv-heads", type=int, default=aqt.KV_HEADS)
     p.add_argument("--tile", default=None, help="block_n/num_warps/num_stages (default: the engine's for PATH)")
@@ -30,7 +32,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     aqt.HEADS, aqt.KV_HEADS = args.heads, args.kv_heads
     codec = aqt.codecs()[args.layout]
-    q, cache, meta = aqt.make_case(codec, [(1, args.ctx)] * args.seqs)
+    ctx = tuple(args.ctx_range) if args.ctx_range else args.ctx
+    q, cache, meta = aqt.make_case(codec, [(1, lk) for lk in aqt.decode_lens(args.seqs, ctx)])
     cfg = None
     if args.path:
         tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")  # the engine's one-token tile
@@ -41,7 +44,7 @@ def main(argv=None) -> int:
         from triton.testing import do_bench
         ms = do_bench(lambda: aqt.run(q, cache, meta, codec, cfg), warmup=10, rep=50, return_mode="median")
         nbytes = sum(t.numel() * t.element_size() for t in cache.tensors())
-        print(f"{args.layout} {args.path or 'default'} {args.seqs}x{args.ctx} heads {args.heads}/{args.kv_heads}: "
+        print(f"{args.layout} {args.path or 'default'} {args.seqs}x{ctx} heads {args.heads}/{args.kv_heads}: "
               f"{ms * 1e3:.1f} us, {nbytes / ms / 1e9:.2f} TB/s")
         return 0
     for _ in range(6):

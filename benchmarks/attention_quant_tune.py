@@ -152,14 +152,20 @@ def time_store(codec) -> dict:
     return row
 
 
+def decode_lens(n: int, ctx) -> list[int]:
+    """Context lengths of an ``n``-sequence decode batch: ``ctx`` each, or for ``ctx = (lo, hi)`` uniform draws
+    (seeded by ``n``: every layout, variant and script sees the same batch)."""
+    if isinstance(ctx, tuple):
+        rng = random.Random(n)
+        return [rng.randint(*ctx) for _ in range(n)]
+    return [ctx] * n
+
+
 def decode_cases(codec) -> dict:
-    """One decode batch per ``SHAPES`` entry (sequences, context); a context ``(lo, hi)`` draws each sequence's
-    length uniformly (seeded: every layout and variant sees the same batch)."""
+    """One decode batch per ``SHAPES`` entry (sequences, context as ``decode_lens`` reads it)."""
     cases = {}
     for shape, (n, ctx) in SHAPES.items():
-        rng = random.Random(n)
-        lens = [rng.randint(*ctx) for _ in range(n)] if isinstance(ctx, tuple) else [ctx] * n
-        q, cache, meta = make_case(codec, [(1, lk) for lk in lens])
+        q, cache, meta = make_case(codec, [(1, lk) for lk in decode_lens(n, ctx)])
         cases[shape] = (q, cache, meta, sum(t.numel() * t.element_size() for t in cache.tensors()))
     return cases
 

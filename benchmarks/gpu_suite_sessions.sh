@@ -516,12 +516,16 @@ s14c)  # issue 17 (<= 530 s): cuda tests of the split KV store and the few-progr
   lat unquantized; lat k_int8_v_fp8
   thr unquantized 1; thr k_int8_v_fp8 1; thr k_int8_v_fp8 2
   lat int8; lat fp8_e4m3; thr k_int8_v_fp8 4 ;;
-s14d)  # issue 17 (<= 300 s): the KV-bound workload, bf16 and k_int8_v_fp8, at this session's code (one call)
+s14d)  # issue 17 (<= 150 s): ncu of the decode kernel on the Nano-vLLM workload's mixed-length batches (bf16 and
+  # k_int8_v_fp8 at 256 x U[100, 1024], k_int8_v_fp8 at 158 x U[300, 1521]), the throughput target's limiter
   o=/tmp/s14d; mkdir -p $o; pack() { tar -czf "$out/s14d.tgz" -C $o . ; }
-  for c in unquantized k_int8_v_fp8; do
-    timeout 150 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
-      --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
-    echo "kv-bound $c exit $?"; grep -A1 "^model" $o/kv_bound_$c.log | tail -1 | cut -c1-200; pack
+  for spec in "bf16 256 100 1024" "k_int8_v_fp8 256 100 1024" "k_int8_v_fp8 158 300 1521"; do
+    set -- $spec; tag=$1_$2xU$3-$4
+    timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
+      --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx-range $3 $4 \
+      >$o/ncu_$tag.log 2>&1
+    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
+    rm -f $o/ncu_$tag.ncu-rep; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
