@@ -35,7 +35,8 @@ CUDA_CORE_TILES = [(16, 1, 1), (8, 1, 1), (32, 1, 1), (16, 2, 1), (32, 4, 1)]
 GRID_PATHS = ("default", "default|hf", "cuda_core", "cuda_core|hf")
 CUDA_CORE_SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x16384": (1, 16384)}
 #: fifth round (session 14): batch 1 (TPOT's steps), GQA 2, timed as CUDA-graph replays (a few-us kernel launched
-#: from Python would time the launch); the engine's default there is the 4-warp (128, 4, 2) tile
+#: from Python would time the launch); the engine's default there was the 4-warp (128, 4, 2) tile, since this round
+#: ``FEW_PROGRAMS_DECODE_TILE``
 BATCH1_SHAPES = {"1x128": (1, 128), "1x1024": (1, 1024)}
 BATCH1_TILES = [(128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (64, 2, 2), (32, 2, 3), (32, 1, 3)]
 #: sixth round (session 14): decode batches of mixed lengths, as the Nano-vLLM workload's steps (s14b timeline: 256 rows
@@ -148,6 +149,8 @@ def summarize(rows: list) -> list[str]:
     lines = []
     for heads, layout, shape in itertools.product(HEADS, LAYOUTS, shapes):
         if (heads, shape) not in base:
+            if any(r["heads"] == heads and r["layout"] == layout for r in rows):
+                lines.append(f"{heads} {layout} {shape}: no bf16 baseline (its row failed or is missing)")
             continue
         ok = [r for r in rows if r["heads"] == heads and r["layout"] == layout and shape in r
               and r.get("rel_err", 1) < 2e-2]

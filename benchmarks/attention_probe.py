@@ -36,7 +36,8 @@ def main(argv=None) -> int:
     q, cache, meta = aqt.make_case(codec, [(1, lk) for lk in aqt.decode_lens(args.seqs, ctx)])
     cfg = None
     if args.path:
-        tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")  # the engine's one-token tile
+        # the engine's one-token tile of many programs (the few-programs tile: --tile 32/4/3)
+        tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")
         tile = CUDA_CORE_DECODE_TILE if args.path == "cuda_core" else tile
         tile = tuple(int(x) for x in args.tile.split("/")) if args.tile else tile
         cfg = pa.AttentionConfig(16, *tile, quant_path=args.path)

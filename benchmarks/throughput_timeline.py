@@ -4,8 +4,10 @@
 
 Runs the Nano-vLLM workload as ``nanocore bench throughput`` does (same engine defaults, the full warm-up pass
 first), and during the timed pass notes for every step its wall time (between consecutive ``step`` returns, async
-scheduling as in the bench), its rows, tokens and longest context, and every Triton compilation. Steps are summed
-per kind: prefill (any row with 2+ tokens) and decode by batch-size bin, so two codecs' runs show which steps differ.
+scheduling as in the bench, so a decode step's time includes queueing the next step's look-ahead; the first step's
+also holds ``generate`` adding the requests), its rows, tokens and longest context, and every Triton compilation.
+Steps are summed per kind: prefill (any row with 2+ tokens) and decode by batch-size bin, so two codecs' runs show
+which steps differ.
 """
 from __future__ import annotations
 
@@ -20,7 +22,9 @@ BINS = (16, 64, 128, 192, 256, 512)  # decode steps by rows: <= 16, 17..64, ...
 def kind_of(rows: int, max_tokens: int) -> str:
     if max_tokens > 1:
         return "prefill"
-    upper = next((b for b in BINS if rows <= b), rows)
+    if rows > BINS[-1]:
+        return f"decode {BINS[-1] + 1}+"
+    upper = next(b for b in BINS if rows <= b)
     lower = max((b for b in BINS if b < upper), default=0) + 1
     return f"decode {lower}-{upper}"
 
@@ -75,9 +79,8 @@ class StepRecorder:
 def main(argv=None) -> int:
     from benchmarks.compile_check import CompileRecorder
     from nanocore.bench.report import environment, format_table, write_json
-    from nanocore.bench.throughput import WORKLOADS, make_workload, shifted_prompts
+    from nanocore.bench.throughput import WORKLOADS, shifted_prompts, workload_requests
     from nanocore.engine.llm import LLM
-    from nanocore.engine.sampling_params import SamplingParams
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="dummy:Qwen3-0.6B")
@@ -93,16 +96,17 @@ def main(argv=None) -> int:
               kv_codec=args.kv_codec)
     vocab = llm.engine.loaded.hf_config.vocab_size
     min_len = min(WORKLOADS["nano-vllm"].prompt_lens[0], args.max_len)
-    workload = make_workload(args.num_seqs, min_len, args.max_len, vocab, 0)
-    prompts = [pr for pr, _ in workload]
-    params = [SamplingParams(temperature=0.6, max_tokens=n, ignore_eos=True) for _, n in workload]
+    prompts, params = workload_requests(vocab, args.num_seqs, min_len, args.max_len)
     llm.generate(shifted_prompts(prompts, vocab), params, use_tqdm=False)  # the bench's full warm-up
     compiles, recorder = CompileRecorder().install(), StepRecorder(llm.engine)
-    compiles.arm()
-    recorder.arm()
-    start = time.perf_counter()
-    llm.generate(prompts, params, use_tqdm=False)
-    seconds = time.perf_counter() - start
+    try:  # the Triton hook is process-wide: never leave it installed
+        compiles.arm()
+        recorder.arm()
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        seconds = time.perf_counter() - start
+    finally:
+        compiles.uninstall()
     steps = [s for s in recorder.steps if "seconds" in s]
     kinds = summarize(steps)
     print(f"{args.kv_codec}: {seconds:.3f} s, {len(steps)} steps (sum {sum(s['seconds'] for s in steps):.3f} s), "
@@ -111,6 +115,8 @@ def main(argv=None) -> int:
     for c in compiles.late[:20]:
         print("compiled:", c[:300])
     write_json(args.json, {"command": "throughput_timeline", "kv_codec": args.kv_codec, "seconds": seconds,
+                           "prompt_tokens": sum(map(len, prompts)),
+                           "output_tokens": sum(len(o.outputs[0].token_ids) for o in outputs),
                            "kinds": kinds, "late_compiles": compiles.late, "steps": steps,
                            "environment": environment(args.device)})
     return 0

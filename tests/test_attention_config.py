@@ -148,6 +148,10 @@ def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
     assert choice(1).splits == 2 and choice(1, num_seqs=64).splits == 4  # a floor, not a cap
     assert choice(2).splits == 1 and choice(1, sms=0).splits == 1 and choice(1, max_query_len=4).splits == 1
     assert choice(1, num_seqs=1).splits == 8  # the few-programs tile keeps the 4-warp rule
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "0")
-    with pytest.raises(ValueError, match="expected a split count 1..64"):
-        choice(1)
+    one_warp = ac.AttentionConfig(16, 32, 1, 3)  # the same 1-warp tile on a bf16 cache or a 4-token chunk: no floor
+    assert ac.batch_choice(1, 1024, 256, [1] * 256, [1024] * 256, False, 2, 8, 128, 2, False, 132, one_warp).splits == 1
+    assert ac.batch_choice(4, 1024, 256, [4] * 256, [1024] * 256, True, 2, 8, 128, 1, False, 132, one_warp).splits == 1
+    for bad in ("0", "3", "128", "two"):
+        monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", bad)
+        with pytest.raises(ValueError, match="expected a power of two from 1 to 64"):
+            choice(1)

@@ -88,6 +88,16 @@ def shifted_prompts(prompts: list[list[int]], vocab_size: int) -> list[list[int]
     return [[(t + 1) % vocab_size for t in p] for p in prompts]
 
 
+def workload_requests(vocab_size: int, num_seqs: int, min_len: int, max_len: int, temperature: float = 0.6,
+                      seed: int = 0, output_lens: tuple[int, int] | None = None):
+    """(prompts, sampling params) of ``make_workload``'s batch, EOS ignored: what ``run_throughput`` generates."""
+    from nanocore.engine.sampling_params import SamplingParams
+
+    workload = make_workload(num_seqs, min_len, max_len, vocab_size, seed, output_lens)
+    params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=None) for _, n in workload]
+    return [p for p, _ in workload], params
+
+
 def run_throughput(llm, num_seqs: int, min_len: int, max_len: int, temperature: float = 0.6, seed: int = 0,
                    warmup: str | bool = "full", use_tqdm: bool = False,
                    output_lens: tuple[int, int] | None = None) -> ThroughputResult:
@@ -98,9 +108,7 @@ def run_throughput(llm, num_seqs: int, min_len: int, max_len: int, temperature: 
     if warmup not in WARMUPS:
         raise ValueError(f"warmup must be one of {WARMUPS}, got {warmup!r}")
     vocab = llm.engine.loaded.hf_config.vocab_size
-    workload = make_workload(num_seqs, min_len, max_len, vocab, seed, output_lens)
-    prompts = [p for p, _ in workload]
-    params = [SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=None) for _, n in workload]
+    prompts, params = workload_requests(vocab, num_seqs, min_len, max_len, temperature, seed, output_lens)
     if warmup == "full":  # same shapes, other ids: kernels compiled, prefix cache of no use to the timed pass
         llm.generate(shifted_prompts(prompts, vocab), params, use_tqdm=False)
     elif warmup == "one":  # first-call costs (allocator, lazy init) only

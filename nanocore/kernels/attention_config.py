@@ -60,12 +60,15 @@ FEW_PROGRAMS_DECODE_TILE = (32, 4, 3)
 #: against the fp16 tile's 0.75-0.82x. Batches with fewer programs than SMs keep the 4-warp fp16 tile (one warp
 #: would walk a short context tile by tile); head_dim must be a power of two (``narrow_decode.covers``).
 CUDA_CORE_DECODE_TILE = (16, 1, 1)
-#: Fewest KV splits of a 1-warp one-byte decode grid (``choose_num_splits`` may choose more). One program per
-#: (sequence, KV head, split) walks its range tile after tile, so in a batch of mixed lengths the longest sequences'
-#: programs set the step's time (s14b: the Nano-vLLM workload's decode steps 1.04-1.2x bf16's while uniform batches
-#: of the same size run 0.89x). ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` overrides it.
-ONE_WARP_MIN_SPLITS = 1
 CUDA_CORE_MAX_GROUP = 2
+#: Fewest KV splits of a 1-warp one-byte decode grid (the fp16 tile's and the CUDA-core kernel's; ``choose_num_splits``
+#: may choose more). One program per (sequence, KV head, split) walks its range tile after tile, so in a batch of
+#: mixed lengths the longest sequences' programs set the step's time (s14b / s14c: the Nano-vLLM workload's decode
+#: kernel 1.14x bf16's where a uniform batch runs 0.78x). Measured as a floor in `bench throughput` (s14c,
+#: k_int8_v_fp8 vs bf16, one call): 1 0.934x, 2 0.951x, 4 0.904x; 2 also slowed the uniform and the 256-row mixed
+#: batches of the kernel sweep and was not run on the near-uniform KV-bound workload, so the default stays 1.
+#: ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` overrides it.
+ONE_WARP_MIN_SPLITS = 1
 #: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
 #: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
 DECODE_HEADS_FIRST = False
@@ -147,15 +150,19 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
 
 
 def one_warp_min_splits() -> int:
-    """Fewest KV splits of a 1-warp one-byte decode grid: ``ONE_WARP_MIN_SPLITS``, or ``NANOCORE_ATTN_DECODE_MIN_SPLITS``
-    for A/B runs."""
+    """Fewest KV splits of a 1-warp one-byte decode grid: ``ONE_WARP_MIN_SPLITS``, or for A/B runs
+    ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` (a power of two up to 64, as ``choose_num_splits`` gives)."""
     env = os.environ.get("NANOCORE_ATTN_DECODE_MIN_SPLITS", "")
     if not env:
         return ONE_WARP_MIN_SPLITS
-    if not env.isdigit() or not 1 <= int(env) <= 64:
-        raise ValueError(f"NANOCORE_ATTN_DECODE_MIN_SPLITS={env!r}: expected a split count 1..64; unset it for the "
-                         f"default ({ONE_WARP_MIN_SPLITS})")
-    return int(env)
+    try:
+        splits = int(env)
+    except ValueError:
+        splits = 0
+    if not 1 <= splits <= 64 or splits & (splits - 1):
+        raise ValueError(f"NANOCORE_ATTN_DECODE_MIN_SPLITS={env!r}: expected a power of two from 1 to 64; unset it "
+                         f"for the default ({ONE_WARP_MIN_SPLITS})")
+    return splits
 
 
 def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4) -> int:
