@@ -42,7 +42,11 @@ BATCH1_TILES = [(128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (64, 2, 2), (32
 #: sixth round (session 14): decode batches of mixed lengths, as the Nano-vLLM workload's steps (s14b timeline: 256 rows
 #: at contexts 100..1,024 at its start, ~158 rows up to 1,521 later), where one 1-warp program per (sequence, KV head)
 #: walks its whole context: 1-warp tiles x forced splits and 4-warp tiles, with the uniform 256 x 1024 as a check
-MIXED_SHAPES = {"256xU100-1024": (256, (100, 1024)), "158xU300-1521": (158, (300, 1521)), "256x1024": (256, 1024)}
+MIXED_SHAPES = {"256xU100-1024": (256, (100, 1024)), "158xU300-1521": (158, (300, 1521)), "256x1024": (256, 1024),
+                # session 15 (queued): the same draws longest first, with "default|hf" rows (KV heads on grid axis 0,
+                # so the longest sequences' programs start first): what a longest-first order array would buy
+                "256xU100-1024lf": (256, (100, 1024, "longest_first")),
+                "158xU300-1521lf": (158, (300, 1521, "longest_first"))}
 MIXED_TILES = [((32, 1, 3), 1), ((32, 1, 3), 2), ((32, 1, 3), 4), ((16, 1, 3), 2), ((32, 4, 3), 1), ((64, 4, 2), 1),
                ((32, 4, 3), 2)]
 
@@ -57,6 +61,7 @@ def variants(which: str = "one_warp") -> list[tuple]:
     heads = HEADS if which in ("one_warp", "cuda_core", "grid") else ("gqa2", "gqa4")
     heads = ("gqa2",) if which in ("batch1", "mixed") else heads
     out = [(h, "bf16", "default", None, 0) for h in heads]
+    out += [(h, "bf16", "default|hf", None, 0) for h in heads] if which == "mixed" else []
     if which == "grid":
         out += [(h, "bf16", "default|hf", None, 0) for h in heads]
         for h, layout in itertools.product(heads, LAYOUTS):
@@ -73,7 +78,7 @@ def variants(which: str = "one_warp") -> list[tuple]:
             out += [(h, layout, "cuda_core", (16, 1, 1), s) for s in (1, 2, 8)]
             continue
         if which == "mixed":
-            out += [(h, layout, "default", None, 0)]
+            out += [(h, layout, "default", None, 0), (h, layout, "default|hf", None, 0)]
             out += [(h, layout, "fp16_hwcvt", t, s) for t, s in MIXED_TILES]
             continue
         if which == "batch1":

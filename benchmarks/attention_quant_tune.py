@@ -154,10 +154,12 @@ def time_store(codec) -> dict:
 
 def decode_lens(n: int, ctx) -> list[int]:
     """Context lengths of an ``n``-sequence decode batch: ``ctx`` each, or for ``ctx = (lo, hi)`` uniform draws
-    (seeded by ``n``: every layout, variant and script sees the same batch)."""
+    (seeded by ``n``: every layout, variant and script sees the same batch); ``(lo, hi, "longest_first")``: the
+    same draws, longest sequence first (the grid then starts the longest programs first)."""
     if isinstance(ctx, tuple):
         rng = random.Random(n)
-        return [rng.randint(*ctx) for _ in range(n)]
+        lens = [rng.randint(ctx[0], ctx[1]) for _ in range(n)]
+        return sorted(lens, reverse=True) if ctx[2:] == ("longest_first",) else lens
     return [ctx] * n
 
 

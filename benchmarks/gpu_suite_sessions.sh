@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, and s15a (queued).
 # A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
@@ -524,6 +524,20 @@ s14d)  # issue 17 (<= 150 s): ncu of the decode kernel on the Nano-vLLM workload
     timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
       --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx-range $3 $4 \
       >$o/ncu_$tag.log 2>&1
+    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
+    rm -f $o/ncu_$tag.ncu-rep; pack
+  done ;;
+s15a)  # next session first (issue 17, <= 300 s): the mixed-length sweep with longest-first batches and heads-first
+  # grids (what a per-step longest-first order would buy, before building it); ncu at the targets' shapes not yet
+  # profiled: 64 x 4K at GQA 7 (28 q / 4 KV heads) and 1 x 16K at GQA 2, bf16 and k_int8_v_fp8
+  o=/tmp/s15a; mkdir -p $o; pack() { tar -czf "$out/s15a.tgz" -C $o . ; }
+  timeout 120 python3 -m benchmarks.attention_decode_sweep $o --variants mixed >$o/sweep_mixed.log 2>&1
+  echo "sweep exit $?"; grep -v "^compiled" $o/sweep_mixed.log | tail -60; pack
+  for spec in "bf16 64 4096 28 4" "k_int8_v_fp8 64 4096 28 4" "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
+    set -- $spec; tag=$1_$2x$3_h$4
+    timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
+      --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx $3 --heads $4 \
+      --kv-heads $5 >$o/ncu_$tag.log 2>&1
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack
   done ;;
