@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
+from nanocore.kernels.attention_config import decode_order_mode
 from nanocore.layers.attention import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -46,6 +47,9 @@ class DecodeGraphs:
         self.seq_lens = zeros(max_bs, dtype=torch.int32)
         self.block_tables = zeros(max_bs, max_blocks, dtype=torch.int32)
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
+        # longest-first decode grids: the step's order, padded rows after it in their own order (a permutation)
+        self.identity = torch.arange(max_bs, dtype=torch.int32, device=device)
+        self.decode_order = self.identity.clone() if decode_order_mode() == "longest_first" else None
         self.kv_caches, self.codec = kv_caches, codec
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -55,7 +59,8 @@ class DecodeGraphs:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
-            max_query_len=1, max_seq_len=self.max_model_len, kv_caches=self.kv_caches, codec=self.codec)
+            max_query_len=1, max_seq_len=self.max_model_len, kv_caches=self.kv_caches, codec=self.codec,
+            decode_order=self.decode_order[:bs] if self.decode_order is not None else None)
 
     @torch.inference_mode()
     def _capture_all(self, device: torch.device) -> None:
@@ -87,6 +92,11 @@ class DecodeGraphs:
         self.seq_lens[n:bs].fill_(0)
         width = meta.block_tables.shape[1]
         self.block_tables[:n, :width].copy_(meta.block_tables)
+        if self.decode_order is not None:
+            if meta.decode_order is None:
+                raise RuntimeError("decode graphs were captured longest-first but the step has no decode_order")
+            self.decode_order[:n].copy_(meta.decode_order)
+            self.decode_order[n:bs].copy_(self.identity[n:bs])
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
 

@@ -22,6 +22,7 @@ from nanocore.engine.host_transfer import HostCopy, upload
 from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.engine.sequence import Sequence
 from nanocore.interfaces import KVCodec
+from nanocore.kernels.attention_config import decode_order_mode, longest_first
 from nanocore.layers.attention import AttentionMetadata
 from nanocore.layers.sampler import Sampler, SamplerOutput, SamplingTensors
 
@@ -119,6 +120,7 @@ class ModelRunner:
         self.dtype = dtype = loaded.dtype
         self.codec = codec
         self.block_size = config.block_size
+        self.decode_order = decode_order_mode()  # read once: the warm-up and the graphs follow the same order
         self.eos_token_ids = list(loaded.eos_token_ids or [])
         kv_cache_spec = model.kv_cache_spec
         num_layers, num_kv_heads, head_dim = kv_cache_spec
@@ -192,7 +194,11 @@ class ModelRunner:
         bs = self.block_size
         block_tables = self._block_tables([s.block_table for s in seqs])
         slot_mapping = block_tables[seq_index, positions // bs].astype(np.int64) * bs + positions % bs
+        order = None
+        if max(query_lens_cpu) <= 1 and self.decode_order == "longest_first":
+            order = longest_first(seq_lens)
         parts = [positions, slot_mapping, cu_seqlens, seq_lens, block_tables.ravel(), *extra]
+        parts += [order] if order is not None else []
         on_device = upload(np.concatenate(parts, dtype=np.int64), self.device).split([len(a) for a in parts])
         pos, slots, cu, lens, tables = on_device[:5]
         seq_lens_cpu = seq_lens.tolist()
@@ -201,8 +207,9 @@ class ModelRunner:
             block_tables=tables.int().view(block_tables.shape),
             max_query_len=max(query_lens_cpu), max_seq_len=max(seq_lens_cpu),
             kv_caches=self.kv_caches, codec=self.codec, query_lens_cpu=query_lens_cpu, seq_lens_cpu=seq_lens_cpu,
+            decode_order=on_device[-1].int() if order is not None else None,
         )
-        return pos, meta, list(on_device[5:])
+        return pos, meta, list(on_device[5:5 + len(extra)])
 
     def _block_tables(self, tables: list[list[int]]) -> np.ndarray:
         """``block_table_array(tables)``, updated in place from the last step's when the rows hold the same

@@ -14,6 +14,7 @@ import time
 import torch
 
 from nanocore.engine.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
+from nanocore.kernels.attention_config import decode_order_mode, longest_first
 from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import Attention, AttentionMetadata
 from nanocore.layers.sampler import Sampler, SamplingTensors
@@ -44,6 +45,8 @@ def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: 
         block_tables=torch.zeros(len(q), -(-max(s) // block_size), dtype=torch.int32, device=device),
         max_query_len=max(q), max_seq_len=max(s), kv_caches=kv_caches, codec=codec,
         query_lens_cpu=q, seq_lens_cpu=s)
+    if max(q) <= 1 and decode_order_mode() == "longest_first":  # the serving steps' grid variant
+        meta.decode_order = torch.as_tensor(longest_first(s), dtype=torch.int32, device=device)
     return torch.zeros(batch.num_tokens, dtype=torch.int64, device=device), positions, meta
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import triton
 
 #: How quantized K/V tiles meet the dots (``AttentionConfig.quant_path``; None picks this default):
@@ -69,6 +70,12 @@ CUDA_CORE_MAX_GROUP = 2
 #: batches of the kernel sweep and was not run on the near-uniform KV-bound workload, so the default stays 1.
 #: ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` overrides it.
 ONE_WARP_MIN_SPLITS = 1
+#: Launch order of a pure-decode grid's sequences: "batch" (the batch's rows in order) or "longest_first" (the step's
+#: ``AttentionMetadata.decode_order``, longest context first, with the KV heads on grid axis 0, so the longest
+#: sequences' programs start in the first wave and short ones fill the tail: longest-processing-time-first). Opt-in,
+#: ``NANOCORE_ATTN_DECODE_ORDER``, for A/B runs: session 14 found mixed lengths cost the one-byte decode kernel 1.5x
+#: (docs/benchmarks-cache.md); not yet timed on the GPU.
+DECODE_ORDERS = ("batch", "longest_first")
 #: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
 #: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
 DECODE_HEADS_FIRST = False
@@ -147,6 +154,20 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
     # H200, 16 x 1024 prefill, paged: 64/32/4/3 0.286 ms, 128/64/8/3 0.327 ms
     return AttentionConfig(max(64, triton.next_power_of_2(group)), 32, 4, 3)
+
+
+def decode_order_mode() -> str:
+    """``NANOCORE_ATTN_DECODE_ORDER`` (one of ``DECODE_ORDERS``; unset: "batch")."""
+    mode = os.environ.get("NANOCORE_ATTN_DECODE_ORDER") or "batch"
+    if mode not in DECODE_ORDERS:
+        raise ValueError(f"NANOCORE_ATTN_DECODE_ORDER={mode!r} is not one of {DECODE_ORDERS}; unset it for the "
+                         f"batch's order")
+    return mode
+
+
+def longest_first(seq_lens) -> np.ndarray:
+    """Row indices of a decode batch, longest context first (ties in batch order): ``decode_order``'s values."""
+    return np.argsort(-np.asarray(seq_lens, dtype=np.int64), kind="stable")
 
 
 def one_warp_min_splits() -> int:

@@ -132,6 +132,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         ws_ml = torch.empty(num_tokens * num_q_heads * splits, 2, dtype=torch.float32, device=q.device)
     default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
     heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
+    ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core
+    heads_first = heads_first or ordered  # all heads of the longest sequence first
     if cuda_core:
         narrow_decode(q, k, v_arg, ks, vs, meta, scale * LOG2E, narrow, codes, groups[0], page, cfg.block_n,
                       cfg.num_warps, splits, ws_acc, ws_ml, out, heads_first)
@@ -141,7 +143,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         grid = (num_kv_heads, num_seqs, splits) if heads_first else (num_seqs * num_q_tiles, num_kv_heads, splits)
         paged_attention_kernel[grid](
             q, k, v_arg, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
-            scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
+            meta.decode_order if ordered else meta.seq_lens, scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
             num_q_tiles, splits, num_q_heads,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
             *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
@@ -150,7 +152,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
             CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
             SPLIT=splits > 1,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
-            HEADS_FIRST=heads_first, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            HEADS_FIRST=heads_first, ORDERED=ordered, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if splits > 1:
         _merge_splits_kernel[(num_tokens, num_q_heads)](

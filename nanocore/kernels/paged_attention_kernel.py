@@ -203,7 +203,7 @@ def _clamp(x, lo, hi):
 @triton.jit(do_not_specialize=["num_q_tiles", "num_splits", "stride_bt"])
 def paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kn_ptr, vn_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
-    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
+    query_start_loc_ptr, seq_lens_ptr, block_tables_ptr, order_ptr,
     scale_log2, new_scale_log2, num_q_tiles, num_splits, num_q_heads,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
     ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h, stride_knt, stride_knh, stride_vnt, stride_vnh,
@@ -216,13 +216,15 @@ def paged_attention_kernel(
     FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-    KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEADS_FIRST: tl.constexpr,
+    KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEADS_FIRST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # HEADS_FIRST: the KV heads of one sequence are neighbouring programs, so the heads' rows of a cached token
     # (adjacent in the [slot, head, dim] cache) are read at about the same time
     pid = tl.program_id(1 if HEADS_FIRST else 0)
     kvh = tl.program_id(0 if HEADS_FIRST else 1)
     split = tl.program_id(2)
+    if ORDERED:  # grids of one query tile per sequence: the i-th sequence launched is row order[i] (longest first)
+        pid = tl.load(order_ptr + pid)
     seq = pid // num_q_tiles
     q_tile = num_q_tiles - 1 - pid % num_q_tiles  # heaviest causal tiles first: shorter tail
     q_start = tl.load(query_start_loc_ptr + seq)

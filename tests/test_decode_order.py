@@ -1,0 +1,86 @@
+"""Longest-first decode grids (``NANOCORE_ATTN_DECODE_ORDER=longest_first``): the order, its metadata from the model
+runner and the warm-up, and the kernel reading it (Triton interpreter on CPU, compiled on CUDA)."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from attention_cases import QUANT_LAYOUTS, check, make_case  # noqa: E402
+from nanocore.kernels import attention_config as ac  # noqa: E402
+from nanocore.kernels.paged_attention import AttentionConfig, paged_attention  # noqa: E402
+
+DECODE = [(1, 150), (1, 9), (1, 64), (1, 1), (1, 150), (1, 33)]
+
+
+def test_longest_first_is_a_stable_permutation():
+    order = ac.longest_first([150, 9, 64, 1, 150, 33])
+    assert order.tolist() == [0, 4, 2, 5, 1, 3]  # ties keep the batch order
+
+
+def test_mode_is_checked(monkeypatch):
+    assert ac.decode_order_mode() == "batch"
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
+    assert ac.decode_order_mode() == "longest_first"
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest")
+    with pytest.raises(ValueError, match="is not one of"):
+        ac.decode_order_mode()
+
+
+@pytest.mark.parametrize("layout", [None, QUANT_LAYOUTS["int8"], QUANT_LAYOUTS["k_int8_v_fp8"]])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_ordered_grid_computes_every_row(layout, splits):
+    """A decode grid launched through ``decode_order`` (longest first, heads on axis 0) against the reference and
+    bit for bit against the batch-order launch: each row is still computed once, by its own program."""
+    q, cache, meta = make_case(DECODE, 4, 2, 64, 16, torch.float16, layout=layout, seed=5)
+    cfg = AttentionConfig(16, 16, 4, 1, num_splits=splits, quant_path="fp16_hwcvt" if layout else None)
+    plain = paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
+    meta.decode_order = torch.as_tensor(ac.longest_first(meta.seq_lens_cpu), dtype=torch.int32, device=q.device)
+    meta.launch_choices.clear()
+    check(q, cache, meta, layout=layout, config=cfg)
+    ordered = paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
+    assert torch.equal(ordered, plain)
+
+
+def test_grids_of_several_q_tiles_ignore_the_order():
+    """A grid with 2+ query tiles per sequence indexes (sequence, tile) pairs: the order (one entry per sequence)
+    does not apply there; grids of one query tile per sequence (decode, short chunks) may take it."""
+    q, cache, meta = make_case([(40, 60), (1, 70)], 4, 2, 64, 16, torch.float16)
+    meta.decode_order = torch.tensor([1, 0], dtype=torch.int32)
+    check(q, cache, meta)
+    q, cache, meta = make_case([(5, 40), (1, 70)], 4, 2, 64, 16, torch.float16)
+    meta.decode_order = torch.tensor([1, 0], dtype=torch.int32)
+    check(q, cache, meta)
+
+
+def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
+    from nanocore.engine.warmup import batch_inputs
+    from nanocore.engine.warmup_plan import WarmupBatch
+    from nanocore.engine.llm import LLM
+    from nanocore.engine.sampling_params import SamplingParams
+
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
+    llm = LLM("dummy:tiny-qwen2", device="cpu", max_model_len=128)
+    runner = llm.engine.runner
+    seen = []
+    prepare = runner._device_inputs
+
+    def noted(*args, **kwargs):
+        pos, meta, extra = prepare(*args, **kwargs)
+        seen.append((meta.max_query_len, meta.seq_lens_cpu, meta.decode_order))
+        return pos, meta, extra
+    monkeypatch.setattr(runner, "_device_inputs", noted)
+    llm.generate([[5] * 30, [6] * 3, [7] * 12], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
+    decodes = [(lens, order) for q_len, lens, order in seen if q_len == 1]
+    assert decodes and all(order is not None for _, order in decodes)
+    for lens, order in decodes:
+        assert order.tolist() == np.argsort(-np.asarray(lens), kind="stable").tolist()
+    assert all(order is None for q_len, _, order in seen if q_len > 1)
+    _, _, meta = batch_inputs(WarmupBatch((1, 1, 1), (5, 50, 7)), None, None, 16, torch.device("cpu"))
+    assert meta.decode_order.tolist() == [1, 2, 0]
+    _, _, meta = batch_inputs(WarmupBatch((4, 1), (5, 50)), None, None, 16, torch.device("cpu"))
+    assert meta.decode_order is None
