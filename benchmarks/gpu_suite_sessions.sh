@@ -527,10 +527,19 @@ s14d)  # issue 17 (<= 150 s): ncu of the decode kernel on the Nano-vLLM workload
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack
   done ;;
-s15a)  # next session first (issue 17, <= 300 s): the mixed-length sweep with longest-first batches and heads-first
-  # grids (what a per-step longest-first order would buy, before building it); ncu at the targets' shapes not yet
-  # profiled: 64 x 4K at GQA 7 (28 q / 4 KV heads) and 1 x 16K at GQA 2, bf16 and k_int8_v_fp8
+s15a)  # next session first (issue 17, <= 540 s): the longest-first decode order (session 14, opt-in, CPU-tested
+  # only): its tests on the GPU, the mixed-length sweep with longest-first batches and heads-first grids, Nano-vLLM
+  # throughput bf16 / k_int8_v_fp8 with and without it (one call); ncu at the targets' shapes not yet profiled:
+  # 64 x 4K at GQA 7 (28 q / 4 KV heads) and 1 x 16K at GQA 2, bf16 and k_int8_v_fp8
   o=/tmp/s15a; mkdir -p $o; pack() { tar -czf "$out/s15a.tgz" -C $o . ; }
+  timeout 90 python3 -m pytest -q -rf --tb=short tests/test_decode_order.py >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -3 $o/tests.log; pack
+  for run in "unquantized batch" "unquantized longest_first" "k_int8_v_fp8 batch" "k_int8_v_fp8 longest_first"; do
+    set -- $run
+    NANOCORE_ATTN_DECODE_ORDER=$2 timeout 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $1 \
+      --json $o/throughput_$1_$2.json >$o/throughput_$1_$2.log 2>&1
+    echo "throughput $run exit $?"; grep -A1 "^model" $o/throughput_$1_$2.log | tail -1 | cut -c1-120; pack
+  done
   timeout 120 python3 -m benchmarks.attention_decode_sweep $o --variants mixed >$o/sweep_mixed.log 2>&1
   echo "sweep exit $?"; grep -v "^compiled" $o/sweep_mixed.log | tail -60; pack
   for spec in "bf16 64 4096 28 4" "k_int8_v_fp8 64 4096 28 4" "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
