@@ -23,6 +23,7 @@ def test_longest_first_is_a_stable_permutation():
 
 
 def test_mode_is_checked(monkeypatch):
+    monkeypatch.delenv("NANOCORE_ATTN_DECODE_ORDER", raising=False)
     assert ac.decode_order_mode() == "batch"
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
     assert ac.decode_order_mode() == "longest_first"
@@ -33,6 +34,7 @@ def test_mode_is_checked(monkeypatch):
 
 @pytest.mark.parametrize("layout", [None, QUANT_LAYOUTS["int8"], QUANT_LAYOUTS["k_int8_v_fp8"]])
 @pytest.mark.parametrize("splits", [1, 4])
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the wrong order leaves rows unwritten (garbage merged)
 def test_ordered_grid_computes_every_row(layout, splits):
     """A decode grid launched through ``decode_order`` (longest first, heads on axis 0) against the reference and
     bit for bit against the batch-order launch: each row is still computed once, by its own program."""
@@ -44,6 +46,13 @@ def test_ordered_grid_computes_every_row(layout, splits):
     check(q, cache, meta, layout=layout, config=cfg)
     ordered = paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
     assert torch.equal(ordered, plain)
+    meta.decode_order = torch.zeros(len(DECODE), dtype=torch.int32, device=q.device)  # not a permutation: row 0 only
+    meta.launch_choices.clear()
+    wrong = paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
+    assert torch.equal(wrong[0], plain[0]) and not torch.equal(wrong[1:], plain[1:])  # the kernel reads the order
+    meta.decode_order = torch.arange(len(DECODE) - 1, dtype=torch.int32, device=q.device)
+    with pytest.raises(ValueError, match="a permutation of the rows"):
+        paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
 
 
 def test_grids_of_several_q_tiles_ignore_the_order():
@@ -80,7 +89,45 @@ def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
     for lens, order in decodes:
         assert order.tolist() == np.argsort(-np.asarray(lens), kind="stable").tolist()
     assert all(order is None for q_len, _, order in seen if q_len > 1)
-    _, _, meta = batch_inputs(WarmupBatch((1, 1, 1), (5, 50, 7)), None, None, 16, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    _, _, meta = batch_inputs(WarmupBatch((1, 1, 1), (5, 50, 7)), None, None, 16, cpu, runner.decode_order)
     assert meta.decode_order.tolist() == [1, 2, 0]
-    _, _, meta = batch_inputs(WarmupBatch((4, 1), (5, 50)), None, None, 16, torch.device("cpu"))
-    assert meta.decode_order is None
+    assert batch_inputs(WarmupBatch((4, 1), (5, 50)), None, None, 16, cpu, "longest_first")[2].decode_order is None
+    assert batch_inputs(WarmupBatch((1, 1), (5, 50)), None, None, 16, cpu)[2].decode_order is None
+
+
+def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):
+    """The static order buffer holds the step's order, then the padding rows in order (a permutation of the bucket,
+    no entry left from a larger step); a step without an order is refused. Fake graphs: no CUDA needed."""
+    from nanocore.engine import cuda_graphs as cg
+    from nanocore.layers.attention import AttentionMetadata
+
+    monkeypatch.setattr(cg.DecodeGraphs, "_capture_all", lambda self, device: None)
+    graphs = cg.DecodeGraphs(None, None, None, 16, 64, 16, torch.device("cpu"), "longest_first")
+    seen = []
+
+    class FakeGraph:
+        def __init__(self, bs):
+            self.bs = bs
+
+        def replay(self):
+            seen.append((graphs.decode_order[:self.bs].tolist(), graphs._meta(self.bs).decode_order.tolist()))
+    for bs in graphs.buckets:
+        graphs.graphs[bs], graphs.outputs[bs] = FakeGraph(bs), torch.zeros(bs, 4)
+
+    def step(lens):
+        n = len(lens)
+        meta = AttentionMetadata(
+            slot_mapping=torch.zeros(n, dtype=torch.int64), query_start_loc=torch.arange(n + 1, dtype=torch.int32),
+            seq_lens=torch.tensor(lens, dtype=torch.int32), block_tables=torch.zeros(n, 1, dtype=torch.int32),
+            max_query_len=1, max_seq_len=max(lens),
+            decode_order=torch.as_tensor(ac.longest_first(lens), dtype=torch.int32))
+        graphs.run(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64), meta)
+        return meta
+    step([3, 9, 1, 9, 4, 2, 8, 7, 6, 5])
+    meta = step([3, 9, 1])
+    bucket = next(b for b in graphs.buckets if b >= 3)
+    assert seen[-1][0] == seen[-1][1] == [1, 0, 2] + list(range(3, bucket))
+    meta.decode_order = None
+    with pytest.raises(RuntimeError, match="no decode_order"):
+        graphs.run(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), meta)

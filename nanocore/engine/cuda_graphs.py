@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
-from nanocore.kernels.attention_config import decode_order_mode
 from nanocore.layers.attention import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -34,7 +33,7 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, codec, max_num_seqs: int, max_model_len: int, block_size: int,
-                 device: torch.device):
+                 device: torch.device, decode_order: str = "batch"):
         self.model = model
         self.buckets = decode_buckets(max_num_seqs)
         self.max_model_len = max_model_len
@@ -49,7 +48,7 @@ class DecodeGraphs:
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
         # longest-first decode grids: the step's order, padded rows after it in their own order (a permutation)
         self.identity = torch.arange(max_bs, dtype=torch.int32, device=device)
-        self.decode_order = self.identity.clone() if decode_order_mode() == "longest_first" else None
+        self.decode_order = self.identity.clone() if decode_order == "longest_first" else None
         self.kv_caches, self.codec = kv_caches, codec
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -102,7 +101,7 @@ class DecodeGraphs:
 
 
 def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_model_len: int, device: torch.device,
-                   dtype: torch.dtype):
+                   dtype: torch.dtype, decode_order: str = "batch"):
     """(DecodeGraphs, PiecewiseGraphs) for a CUDA device unless eager; either may be None."""
     if device.type != "cuda" or config.enforce_eager:
         return None, None
@@ -110,7 +109,8 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
     if blocker:
         logger.warning("decode runs without CUDA graphs: %s", blocker)
         return None, None
-    decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device)
+    decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device,
+                          decode_order)
     if not captures_mixed_graphs(config, model):
         return decode, None
     limit = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)

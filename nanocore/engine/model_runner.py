@@ -142,7 +142,7 @@ class ModelRunner:
             from nanocore.engine.warmup import ServingLimits, run_warmup
             run_warmup(self, ServingLimits(config.max_num_batched_tokens, config.max_num_seqs, max_model_len))
         self.decode_graphs, self.mixed_graphs = capture_graphs(config, model, self.kv_caches, codec, max_model_len,
-                                                               device, dtype)
+                                                               device, dtype, self.decode_order)
 
     @property
     def capacity_tokens(self) -> int:

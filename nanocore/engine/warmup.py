@@ -14,7 +14,7 @@ import time
 import torch
 
 from nanocore.engine.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
-from nanocore.kernels.attention_config import decode_order_mode, longest_first
+from nanocore.kernels.attention_config import longest_first
 from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import Attention, AttentionMetadata
 from nanocore.layers.sampler import Sampler, SamplingTensors
@@ -31,8 +31,10 @@ def attention_shape(model: torch.nn.Module, codec, dtype: torch.dtype) -> Attent
                           layout.k_scale == "group")
 
 
-def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: torch.device):
-    """(input_ids, positions, metadata) of ``batch``: no KV stored, every page of every table is block 0."""
+def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: torch.device,
+                 decode_order: str = "batch"):
+    """(input_ids, positions, metadata) of ``batch``: no KV stored, every page of every table is block 0;
+    ``decode_order`` as the runner's (its decode steps' grid variant)."""
     q, s = list(batch.query_lens), list(batch.seq_lens)
     starts = [0]
     for n in q:
@@ -45,7 +47,7 @@ def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: 
         block_tables=torch.zeros(len(q), -(-max(s) // block_size), dtype=torch.int32, device=device),
         max_query_len=max(q), max_seq_len=max(s), kv_caches=kv_caches, codec=codec,
         query_lens_cpu=q, seq_lens_cpu=s)
-    if max(q) <= 1 and decode_order_mode() == "longest_first":  # the serving steps' grid variant
+    if max(q) <= 1 and decode_order == "longest_first":
         meta.decode_order = torch.as_tensor(longest_first(s), dtype=torch.int32, device=device)
     return torch.zeros(batch.num_tokens, dtype=torch.int64, device=device), positions, meta
 
@@ -64,7 +66,8 @@ def run_warmup(runner, limits: ServingLimits) -> list[WarmupBatch]:
         torch.cuda.reset_peak_memory_stats(device)
     start = time.perf_counter()
     for batch in plan:
-        input_ids, positions, meta = batch_inputs(batch, runner.kv_caches, runner.codec, runner.block_size, device)
+        input_ids, positions, meta = batch_inputs(batch, runner.kv_caches, runner.codec, runner.block_size, device,
+                                                  runner.decode_order)
         hidden = runner.model.forward(input_ids, positions, meta)
         logits = runner.model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
         if runner.samples:

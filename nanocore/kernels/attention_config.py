@@ -72,7 +72,8 @@ CUDA_CORE_MAX_GROUP = 2
 ONE_WARP_MIN_SPLITS = 1
 #: Launch order of a pure-decode grid's sequences: "batch" (the batch's rows in order) or "longest_first" (the step's
 #: ``AttentionMetadata.decode_order``, longest context first, with the KV heads on grid axis 0, so the longest
-#: sequences' programs start in the first wave and short ones fill the tail: longest-processing-time-first). Opt-in,
+#: sequences' programs start in the first wave and short ones fill the tail: longest-processing-time-first; with KV
+#: splits, splits stay the slowest grid axis, so the order holds within each split). Opt-in,
 #: ``NANOCORE_ATTN_DECODE_ORDER``, for A/B runs: session 14 found mixed lengths cost the one-byte decode kernel 1.5x
 #: (docs/benchmarks-cache.md); not yet timed on the GPU.
 DECODE_ORDERS = ("batch", "longest_first")

@@ -133,7 +133,11 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
     heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
     ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core
-    heads_first = heads_first or ordered  # all heads of the longest sequence first
+    if ordered and (meta.decode_order.shape != (num_seqs,) or meta.decode_order.dtype != torch.int32):
+        raise ValueError(f"meta.decode_order must be int32 [{num_seqs}] (a permutation of the rows), got "
+                         f"{meta.decode_order.dtype} {tuple(meta.decode_order.shape)}")
+    # an ordered grid puts the KV heads on axis 0 whatever cfg.heads_first says: all heads of the longest first
+    heads_first = heads_first or ordered
     if cuda_core:
         narrow_decode(q, k, v_arg, ks, vs, meta, scale * LOG2E, narrow, codes, groups[0], page, cfg.block_n,
                       cfg.num_warps, splits, ws_acc, ws_ml, out, heads_first)
