@@ -131,3 +131,24 @@ def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):
     meta.decode_order = None
     with pytest.raises(RuntimeError, match="no decode_order"):
         graphs.run(torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64), meta)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (decode graphs)")
+@pytest.mark.parametrize("kv_codec", ["unquantized", "int8"])
+def test_longest_first_engine_matches_batch_order_on_cuda(monkeypatch, kv_codec):
+    """Through the decode graphs and the kernel warm-up: greedy tokens of a mixed-length batch equal the batch-order
+    engine's."""
+    from nanocore.engine.llm import LLM
+    from nanocore.engine.sampling_params import SamplingParams
+
+    prompts = [[(7 * i + j) % 500 + 3 for j in range(n)] for i, n in enumerate((300, 5, 77, 140, 1, 33))]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outputs = {}
+    for mode in ("batch", "longest_first"):
+        monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", mode)
+        llm = LLM("dummy:tiny-qwen2", device="cuda", max_model_len=512, kv_codec=kv_codec)
+        outputs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
+        del llm
+        torch.cuda.empty_cache()
+    assert outputs["longest_first"] == outputs["batch"]
