@@ -47,8 +47,7 @@ class DecodeGraphs:
         self.block_tables = zeros(max_bs, max_blocks, dtype=torch.int32)
         self.query_start_loc = torch.arange(max_bs + 1, dtype=torch.int32, device=device)
         # longest-first decode grids: the step's order, padded rows after it in their own order (a permutation)
-        self.identity = torch.arange(max_bs, dtype=torch.int32, device=device)
-        self.decode_order = self.identity.clone() if decode_order == "longest_first" else None
+        self.decode_order = self.query_start_loc[:max_bs].clone() if decode_order == "longest_first" else None
         self.kv_caches, self.codec = kv_caches, codec
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
@@ -95,7 +94,7 @@ class DecodeGraphs:
             if meta.decode_order is None:
                 raise RuntimeError("decode graphs were captured longest-first but the step has no decode_order")
             self.decode_order[:n].copy_(meta.decode_order)
-            self.decode_order[n:bs].copy_(self.identity[n:bs])
+            self.decode_order[n:bs].copy_(self.query_start_loc[n:bs])  # one token per row: 0, 1, 2, ...
         self.graphs[bs].replay()
         return self.outputs[bs][:n]
 

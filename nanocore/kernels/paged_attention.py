@@ -147,7 +147,8 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         grid = (num_kv_heads, num_seqs, splits) if heads_first else (num_seqs * num_q_tiles, num_kv_heads, splits)
         paged_attention_kernel[grid](
             q, k, v_arg, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
-            meta.decode_order if ordered else meta.seq_lens, scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
+            meta.decode_order if ordered else meta.seq_lens,  # the order pointer: unread unless ORDERED
+            scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
             num_q_tiles, splits, num_q_heads,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
             *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
