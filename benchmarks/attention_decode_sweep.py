@@ -39,6 +39,11 @@ CUDA_CORE_SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x16384": (1,
 #: ``FEW_PROGRAMS_DECODE_TILE``
 BATCH1_SHAPES = {"1x128": (1, 128), "1x1024": (1, 1024)}
 BATCH1_TILES = [(128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (64, 2, 2), (32, 2, 3), (32, 1, 3)]
+#: seventh round (session 15): batch 1 at long contexts, where the few-programs tile splits 16-64 ways (s15a ncu at
+#: 1 x 16K: its 512 4-warp programs fit 3 per SM, 1.29 waves, 45 us against bf16's 23 us), graph-timed
+BATCH1_LONG_SHAPES = {"1x4096": (1, 4096), "1x16384": (1, 16384)}
+BATCH1_LONG_TILES = [(32, 4, 3), (64, 4, 2), (128, 4, 2), (32, 2, 3), (32, 1, 3)]
+BATCH1_LONG_SPLITS = (0, 8, 16, 32, 64)
 #: sixth round (session 14): decode batches of mixed lengths, as the Nano-vLLM workload's steps (s14b timeline: 256 rows
 #: at contexts 100..1,024 at its start, ~158 rows up to 1,521 later), where one 1-warp program per (sequence, KV head)
 #: walks its whole context: 1-warp tiles x forced splits and 4-warp tiles, with the uniform 256 x 1024 as a check
@@ -53,13 +58,13 @@ MIXED_TILES = [((32, 1, 3), 1), ((32, 1, 3), 2), ((32, 1, 3), 4), ((16, 1, 3), 2
 
 def shapes_of(which: str) -> dict:
     return {"cuda_core": CUDA_CORE_SHAPES, "grid": CUDA_CORE_SHAPES, "batch1": BATCH1_SHAPES,
-            "mixed": MIXED_SHAPES}.get(which, SHAPES)
+            "batch1long": BATCH1_LONG_SHAPES, "mixed": MIXED_SHAPES}.get(which, SHAPES)
 
 
 def variants(which: str = "one_warp") -> list[tuple]:
     """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
     heads = HEADS if which in ("one_warp", "cuda_core", "grid") else ("gqa2", "gqa4")
-    heads = ("gqa2",) if which in ("batch1", "mixed") else heads
+    heads = ("gqa2",) if which in ("batch1", "batch1long", "mixed") else heads
     out = [(h, "bf16", "default", None, 0) for h in heads]
     out += [(h, "bf16", "default|hf", None, 0) for h in heads] if which == "mixed" else []
     if which == "grid":
@@ -81,9 +86,10 @@ def variants(which: str = "one_warp") -> list[tuple]:
             out += [(h, layout, "default", None, 0), (h, layout, "default|hf", None, 0)]
             out += [(h, layout, "fp16_hwcvt", t, s) for t, s in MIXED_TILES]
             continue
-        if which == "batch1":
+        if which in ("batch1", "batch1long"):
+            tiles, splits = (BATCH1_TILES, (0, 2, 4)) if which == "batch1" else (BATCH1_LONG_TILES, BATCH1_LONG_SPLITS)
             out += [(h, layout, "default", None, 0)]
-            out += [(h, layout, "fp16_hwcvt", t, s) for t in BATCH1_TILES for s in (0, 2, 4)]
+            out += [(h, layout, "fp16_hwcvt", t, s) for t in tiles for s in splits]
             continue
         if which == "one_warp":
             out += [(h, layout, "fp16_hwcvt", t, s) for t in ONE_WARP_TILES for s in (0, 1, 4, 16)]
@@ -131,7 +137,7 @@ def time_group(heads: str, layout: str, group: list, rows: list) -> None:
     codec = aqt.codecs()[layout]
     cases = aqt.decode_cases(codec)
     bench = None
-    if os.environ.get("SWEEP_VARIANTS") == "batch1":
+    if os.environ.get("SWEEP_VARIANTS", "").startswith("batch1"):
         from triton.testing import do_bench_cudagraph
         bench = functools.partial(do_bench_cudagraph, rep=40, return_mode="median")
     for _, _, path, tile, splits in group:
@@ -174,12 +180,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", "batch1", "mixed"),
+    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", "batch1", "batch1long", "mixed"),
                    default="one_warp",
                    help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits; "
                         "cuda_core: the CUDA-core decode kernel's tiles against the engine's default; "
                         "grid: heads-first grid order against the default order; batch1: tiles x splits of "
-                        "batch-1 steps, graph-timed; mixed: decode batches of mixed lengths")
+                        "batch-1 steps, graph-timed (batch1long: at 4K and 16K context, up to 64 splits); mixed: decode "
+                        "batches of mixed lengths")
     args = p.parse_args(argv)
     os.environ["SWEEP_VARIANTS"] = args.variants  # the spawned compile workers read it too
     start = time.monotonic()

@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, and s15a (queued).
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a, and s15b (queued).
 # A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
@@ -549,6 +549,21 @@ s15a)  # next session first (issue 17, <= 540 s): the longest-first decode order
       --kv-heads $5 >$o/ncu_$tag.log 2>&1
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack
+  done ;;
+s15b)  # issue 17 (<= 560 s): the order's tests on CUDA again (s15a: a test built its order on the CPU and the cuda
+  # engine test did not finish in 90 s; the host check now refuses an order on another device), batch-1 decode at
+  # 4K / 16K context (tiles x splits, graph-timed: s15a's ncu found the few-programs tile 1.94x bf16 at 1 x 16K),
+  # TPOT at 16K: bf16, k_int8_v_fp8 (default), k_int8_v_fp8 with session 13's 128/4/2 tile; longest-first is the default
+  o=/tmp/s15b; mkdir -p $o; pack() { tar -czf "$out/s15b.tgz" -C $o . ; }
+  timeout 200 python3 -m pytest -q -rf --tb=short --durations=5 tests/test_decode_order.py >$o/tests.log 2>&1
+  echo "tests exit $?"; tail -12 $o/tests.log; pack
+  timeout 150 python3 -m benchmarks.attention_decode_sweep $o --variants batch1long >$o/sweep_batch1long.log 2>&1
+  echo "sweep exit $?"; grep -v "^compiled" $o/sweep_batch1long.log | tail -45; pack
+  for run in "unquantized default" "k_int8_v_fp8 default" "k_int8_v_fp8 128/4/2"; do
+    set -- $run; tag=$1_${2//\//_}
+    NANOCORE_ATTN_DECODE_TILE=$([ $2 = default ] || echo $2) timeout 70 $N bench latency $Q06 --max-num-seqs 8 \
+      --max-model-len 16640 --prompt-len 16384 --kv-codec $1 --json $o/latency_16k_$tag.json >$o/latency_16k_$tag.log 2>&1
+    echo "latency 16k $run exit $?"; tail -2 $o/latency_16k_$tag.log | cut -c1-160; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac

@@ -24,9 +24,9 @@ def test_longest_first_is_a_stable_permutation():
 
 def test_mode_is_checked(monkeypatch):
     monkeypatch.delenv("NANOCORE_ATTN_DECODE_ORDER", raising=False)
+    assert ac.decode_order_mode() == "longest_first"  # the default since session 15
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "batch")
     assert ac.decode_order_mode() == "batch"
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
-    assert ac.decode_order_mode() == "longest_first"
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest")
     with pytest.raises(ValueError, match="is not one of"):
         ac.decode_order_mode()
@@ -62,16 +62,19 @@ def test_ordered_grid_computes_every_row(layout, splits, monkeypatch):
     meta.decode_order = torch.arange(len(DECODE) - 1, dtype=torch.int32, device=q.device)
     with pytest.raises(ValueError, match="a permutation of the rows"):
         paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
+    meta.decode_order = torch.arange(len(DECODE), dtype=torch.int32, device="meta")  # not q's device
+    with pytest.raises(ValueError, match=f"on {q.device}"):
+        paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
 
 
 def test_grids_of_several_q_tiles_ignore_the_order():
     """A grid with 2+ query tiles per sequence indexes (sequence, tile) pairs: the order (one entry per sequence)
     does not apply there; grids of one query tile per sequence (decode, short chunks) may take it."""
     q, cache, meta = make_case([(40, 60), (1, 70)], 4, 2, 64, 16, torch.float16)
-    meta.decode_order = torch.tensor([1, 0], dtype=torch.int32)
+    meta.decode_order = torch.tensor([1, 0], dtype=torch.int32, device=q.device)
     check(q, cache, meta)
     q, cache, meta = make_case([(5, 40), (1, 70)], 4, 2, 64, 16, torch.float16)
-    meta.decode_order = torch.tensor([1, 0], dtype=torch.int32)
+    meta.decode_order = torch.tensor([1, 0], dtype=torch.int32, device=q.device)
     check(q, cache, meta)
 
 

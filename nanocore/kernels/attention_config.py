@@ -70,13 +70,15 @@ CUDA_CORE_MAX_GROUP = 2
 #: batches of the kernel sweep and was not run on the near-uniform KV-bound workload, so the default stays 1.
 #: ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` overrides it.
 ONE_WARP_MIN_SPLITS = 1
-#: Launch order of a pure-decode grid's sequences: "batch" (the batch's rows in order) or "longest_first" (the step's
+#: Launch order of a pure-decode grid's sequences: "longest_first" (the default: the step's
 #: ``AttentionMetadata.decode_order``, longest context first, with the KV heads on grid axis 0, so the longest
 #: sequences' programs start in the first wave and short ones fill the tail: longest-processing-time-first; with KV
-#: splits, splits stay the slowest grid axis, so the order holds within each split). Opt-in,
-#: ``NANOCORE_ATTN_DECODE_ORDER``, for A/B runs: session 14 found mixed lengths cost the one-byte decode kernel 1.5x
-#: (docs/benchmarks-cache.md); not yet timed on the GPU.
+#: splits, splits stay the slowest grid axis, so the order holds within each split) or "batch" (the batch's rows in
+#: order; ``NANOCORE_ATTN_DECODE_ORDER=batch`` for A/B runs). H200, session 15 (s15a, one call, Nano-vLLM workload,
+#: output tok/s): k_int8_v_fp8 21,500 -> 24,280 (0.889x -> 1.004x bf16), bf16 24,180 -> 24,210; the decode kernel on
+#: the workload's mixed-length batches (GQA 2, per layer) 0.81-0.90x bf16 where the batch order ran 1.06-1.15x.
 DECODE_ORDERS = ("batch", "longest_first")
+DEFAULT_DECODE_ORDER = "longest_first"
 #: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
 #: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
 DECODE_HEADS_FIRST = False
@@ -158,11 +160,11 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
 
 
 def decode_order_mode() -> str:
-    """``NANOCORE_ATTN_DECODE_ORDER`` (one of ``DECODE_ORDERS``; unset: "batch")."""
-    mode = os.environ.get("NANOCORE_ATTN_DECODE_ORDER") or "batch"
+    """``NANOCORE_ATTN_DECODE_ORDER`` (one of ``DECODE_ORDERS``; unset: ``DEFAULT_DECODE_ORDER``)."""
+    mode = os.environ.get("NANOCORE_ATTN_DECODE_ORDER") or DEFAULT_DECODE_ORDER
     if mode not in DECODE_ORDERS:
         raise ValueError(f"NANOCORE_ATTN_DECODE_ORDER={mode!r} is not one of {DECODE_ORDERS}; unset it for the "
-                         f"batch's order")
+                         f"default ({DEFAULT_DECODE_ORDER})")
     return mode
 
 

@@ -133,9 +133,10 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
     heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
     ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core
-    if ordered and (meta.decode_order.shape != (num_seqs,) or meta.decode_order.dtype != torch.int32):
-        raise ValueError(f"meta.decode_order must be int32 [{num_seqs}] (a permutation of the rows), got "
-                         f"{meta.decode_order.dtype} {tuple(meta.decode_order.shape)}")
+    if ordered and (meta.decode_order.shape != (num_seqs,) or meta.decode_order.dtype != torch.int32
+                    or meta.decode_order.device != q.device):
+        raise ValueError(f"meta.decode_order must be int32 [{num_seqs}] on {q.device} (a permutation of the rows), "
+                         f"got {meta.decode_order.dtype} {tuple(meta.decode_order.shape)} on {meta.decode_order.device}")
     # an ordered grid puts the KV heads on axis 0 whatever cfg.heads_first says: all heads of the longest first
     heads_first = heads_first or ordered
     if cuda_core:
