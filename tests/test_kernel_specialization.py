@@ -15,7 +15,7 @@ pytest.importorskip("triton")
 #: KV splits, the block-table width). The rest are fixed by the model, the cache or the layer (strides, N, K).
 PER_BATCH = {
     ("nanocore.kernels.paged_attention_kernel", "paged_attention_kernel"): {"num_q_tiles", "num_splits", "stride_bt"},
-    ("nanocore.kernels.paged_attention_kernel", "_merge_splits_kernel"): {"num_splits"},
+    ("nanocore.kernels.split_kv", "merge_splits_kernel"): {"num_splits"},
     ("nanocore.kernels.narrow_decode", "narrow_decode_kernel"): {"num_splits", "stride_bt"},
     ("nanocore.kernels.rmsnorm", "_rms_norm_tile_kernel"): {"num_rows"},
     ("nanocore.kernels.rmsnorm", "_rms_norm_loop_kernel"): set(),  # rows in the grid only

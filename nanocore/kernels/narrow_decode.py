@@ -19,7 +19,7 @@ import triton.language as tl
 
 from nanocore.kernels.narrow_attention import head_scale, head_scales, load_rows
 from nanocore.kernels.narrow_convert import narrow_to_f16
-from nanocore.kernels.paged_attention_kernel import _NEG_INIT, split_range, write_rows
+from nanocore.kernels.split_kv import _NEG_INIT, split_range, write_rows
 
 
 @triton.jit

@@ -20,7 +20,8 @@ from nanocore.kernels.device import sm_count
 from nanocore.kernels.kv_store import SCALE_CODES  # scale granularity -> constexpr code, one table for both kernels
 from nanocore.kernels.narrow_attention import narrow_constexprs
 from nanocore.kernels.narrow_decode import covers, narrow_decode
-from nanocore.kernels.paged_attention_kernel import _merge_splits_kernel, paged_attention_kernel
+from nanocore.kernels.paged_attention_kernel import paged_attention_kernel
+from nanocore.kernels.split_kv import merge_splits_kernel
 
 LOG2E = 1.4426950408889634
 
@@ -161,7 +162,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
             HEADS_FIRST=heads_first, ORDERED=ordered, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
     if splits > 1:
-        _merge_splits_kernel[(num_tokens, num_q_heads)](
+        merge_splits_kernel[(num_tokens, num_q_heads)](
             ws_acc, ws_ml, out, splits, out.stride(0), out.stride(1),
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, SPLITS_PAD=splits_pad,
             num_warps=4)

@@ -13,7 +13,7 @@ token back from the cache (a separate tile for one key would cost every decode p
 first chunks only (no cached position: ``CACHED`` False) compiles without the cache walk, so a fresh prompt's
 prefill with a codec runs the same code as with a bf16 cache.
 When few programs would cover long contexts, the KV range is split over a third grid axis and a reduction
-kernel merges the partials.
+kernel merges the partials (``split_kv``).
 """
 from __future__ import annotations
 
@@ -22,9 +22,8 @@ import triton.language as tl
 
 from nanocore.kernels.narrow_attention import load_rows as _load_raw
 from nanocore.kernels.narrow_attention import narrow_pv, narrow_scores
+from nanocore.kernels.split_kv import _NEG_INIT, split_range, write_rows
 
-#: Initial running max: finite, so a row that sees no key in a split never computes inf - inf.
-_NEG_INIT = tl.constexpr(-1.0e30)
 
 
 @triton.jit
@@ -169,31 +168,6 @@ def _attend_tiles(acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, k
 
 
 @triton.jit
-def split_range(num_tiles, num_splits, split):
-    """Tiles ``[t_lo, t_hi)`` of KV split ``split`` out of ``num_splits`` (the last splits may be empty)."""
-    per_split = tl.cdiv(num_tiles, num_splits)
-    t_lo = split * per_split
-    return t_lo, tl.minimum(num_tiles, t_lo + per_split)
-
-
-@triton.jit
-def write_rows(acc, m_i, l_i, q_rows, head, d, row_ok, out_mask, out_ptr, ws_acc_ptr, ws_ml_ptr, num_q_heads,
-               num_splits, split, stride_ot, stride_oh, HEAD_DIM_PAD: tl.constexpr, SPLIT: tl.constexpr):
-    """Rows (token ``q_rows``, query ``head``) of a program's result: normalised into ``out``, or with ``SPLIT``
-    the unnormalised partials (acc, running max and sum) that ``_merge_splits_kernel`` combines."""
-    if SPLIT:
-        part = (q_rows * num_q_heads + head) * num_splits + split
-        tl.store(ws_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], acc, mask=out_mask)
-        tl.store(ws_ml_ptr + part * 2, m_i, mask=row_ok)
-        tl.store(ws_ml_ptr + part * 2 + 1, l_i, mask=row_ok)
-    else:
-        l_safe = tl.where(l_i > 0, l_i, 1.0)  # a sequence with no keys yields zeros, not NaN
-        out = acc / l_safe[:, None]
-        tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :],
-                 out.to(out_ptr.dtype.element_ty), mask=out_mask)
-
-
-@triton.jit
 def _clamp(x, lo, hi):
     return tl.maximum(tl.minimum(x, hi), lo)
 
@@ -283,24 +257,3 @@ def paged_attention_kernel(
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     write_rows(acc, m_i, l_i, q_rows, head, d, row_ok, out_mask, out_ptr, ws_acc_ptr, ws_ml_ptr, num_q_heads,
                num_splits, split, stride_ot, stride_oh, HEAD_DIM_PAD, SPLIT)
-
-
-@triton.jit(do_not_specialize=["num_splits"])  # SPLITS_PAD picks the variant, the count itself varies per step
-def _merge_splits_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, stride_ot, stride_oh,
-                         HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, SPLITS_PAD: tl.constexpr):
-    tok = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    num_heads = tl.num_programs(1)
-    s = tl.arange(0, SPLITS_PAD)
-    d = tl.arange(0, HEAD_DIM_PAD)
-    part = (tok * num_heads + head) * num_splits + s
-    s_ok = s < num_splits
-    m = tl.load(ws_ml_ptr + part * 2, mask=s_ok, other=_NEG_INIT)
-    l = tl.load(ws_ml_ptr + part * 2 + 1, mask=s_ok, other=0.0)
-    acc = tl.load(ws_acc_ptr + part[:, None] * HEAD_DIM_PAD + d[None, :], mask=s_ok[:, None], other=0.0)
-    w = tl.exp2(m - tl.max(m, 0))
-    total = tl.sum(w * l, 0)
-    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
-    tl.store(out_ptr + tok * stride_ot + head * stride_oh + d, out.to(out_ptr.dtype.element_ty),
-             mask=d < HEAD_DIM)
-
