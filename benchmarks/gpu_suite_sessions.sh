@@ -550,7 +550,7 @@ s15a)  # next session first (issue 17, <= 540 s): the longest-first decode order
     echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
     rm -f $o/ncu_$tag.ncu-rep; pack
   done ;;
-s15b)  # issue 17 (<= 560 s): the order's tests on CUDA again (s15a: a test built its order on the CPU and the cuda
+s15b)  # issue 17 (<= 560 s; also the first GPU run of the split-KV module move): the order's tests on CUDA again (s15a: a test built its order on the CPU and the cuda
   # engine test did not finish in 90 s; the host check now refuses an order on another device), batch-1 decode at
   # 4K / 16K context (tiles x splits, graph-timed: s15a's ncu found the few-programs tile 1.94x bf16 at 1 x 16K),
   # TPOT at 16K: bf16, k_int8_v_fp8 (default), k_int8_v_fp8 with session 13's 128/4/2 tile; longest-first is the default
