@@ -553,13 +553,14 @@ s15a)  # next session first (issue 17, <= 540 s): the longest-first decode order
 s15b)  # issue 17 (<= 560 s; also the first GPU run of the split-KV module move): the order's tests on CUDA again (s15a: a test built its order on the CPU and the cuda
   # engine test did not finish in 90 s; the host check now refuses an order on another device), batch-1 decode at
   # 4K / 16K context (tiles x splits, graph-timed: s15a's ncu found the few-programs tile 1.94x bf16 at 1 x 16K),
-  # TPOT at 16K: bf16, k_int8_v_fp8 (default), k_int8_v_fp8 with session 13's 128/4/2 tile; longest-first is the default
+  # TPOT at 16K: bf16, k_int8_v_fp8 with the default (32/4/3, 64 splits), session 13's 128/4/2 (32 splits) and session 8's
+  # 1-warp 32/1/3 (64 splits) tiles; longest-first is the default
   o=/tmp/s15b; mkdir -p $o; pack() { tar -czf "$out/s15b.tgz" -C $o . ; }
-  timeout 200 python3 -m pytest -q -rf --tb=short --durations=5 tests/test_decode_order.py >$o/tests.log 2>&1
+  timeout 150 python3 -m pytest -q -rf --tb=short --durations=5 tests/test_decode_order.py >$o/tests.log 2>&1
   echo "tests exit $?"; tail -12 $o/tests.log; pack
   timeout 150 python3 -m benchmarks.attention_decode_sweep $o --variants batch1long >$o/sweep_batch1long.log 2>&1
   echo "sweep exit $?"; grep -v "^compiled" $o/sweep_batch1long.log | tail -45; pack
-  for run in "unquantized default" "k_int8_v_fp8 default" "k_int8_v_fp8 128/4/2"; do
+  for run in "unquantized default" "k_int8_v_fp8 default" "k_int8_v_fp8 128/4/2" "k_int8_v_fp8 32/1/3"; do
     set -- $run; tag=$1_${2//\//_}
     NANOCORE_ATTN_DECODE_TILE=$([ $2 = default ] || echo $2) timeout 70 $N bench latency $Q06 --max-num-seqs 8 \
       --max-model-len 16640 --prompt-len 16384 --kv-codec $1 --json $o/latency_16k_$tag.json >$o/latency_16k_$tag.log 2>&1
