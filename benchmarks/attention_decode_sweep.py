@@ -44,6 +44,15 @@ BATCH1_TILES = [(128, 4, 2), (64, 4, 2), (64, 4, 3), (32, 4, 3), (64, 2, 2), (32
 BATCH1_LONG_SHAPES = {"1x4096": (1, 4096), "1x16384": (1, 16384)}
 BATCH1_LONG_TILES = [(32, 4, 3), (64, 4, 2), (128, 4, 2), (32, 2, 3), (32, 1, 3)]
 BATCH1_LONG_SPLITS = (0, 8, 16, 32, 64)
+#: eighth round (session 15, after the few-programs tile became 1-warp, split to one tile per split): short batch-1
+#: contexts, session 14's 4-warp few-programs tile (32/4/3) against the 1-warp one, graph-timed
+BATCH1_SHORT_SHAPES = {"1x128": (1, 128), "1x1024": (1, 1024)}
+BATCH1_SHORT_TILES = [(32, 4, 3), (32, 1, 3)]
+BATCH1_SHORT_SPLITS = (0, 4, 8, 16, 32)
+#: the batch-1 rounds: (shapes, tiles, forced splits; 0 = the heuristic)
+BATCH1_ROUNDS = {"batch1": (BATCH1_SHAPES, BATCH1_TILES, (0, 2, 4)),
+                 "batch1long": (BATCH1_LONG_SHAPES, BATCH1_LONG_TILES, BATCH1_LONG_SPLITS),
+                 "batch1short": (BATCH1_SHORT_SHAPES, BATCH1_SHORT_TILES, BATCH1_SHORT_SPLITS)}
 #: sixth round (session 14): decode batches of mixed lengths, as the Nano-vLLM workload's steps (s14b timeline: 256 rows
 #: at contexts 100..1,024 at its start, ~158 rows up to 1,521 later), where one 1-warp program per (sequence, KV head)
 #: walks its whole context: 1-warp tiles x forced splits and 4-warp tiles, with the uniform 256 x 1024 as a check
@@ -57,14 +66,15 @@ MIXED_TILES = [((32, 1, 3), 1), ((32, 1, 3), 2), ((32, 1, 3), 4), ((16, 1, 3), 2
 
 
 def shapes_of(which: str) -> dict:
-    return {"cuda_core": CUDA_CORE_SHAPES, "grid": CUDA_CORE_SHAPES, "batch1": BATCH1_SHAPES,
-            "batch1long": BATCH1_LONG_SHAPES, "mixed": MIXED_SHAPES}.get(which, SHAPES)
+    if which in BATCH1_ROUNDS:
+        return BATCH1_ROUNDS[which][0]
+    return {"cuda_core": CUDA_CORE_SHAPES, "grid": CUDA_CORE_SHAPES, "mixed": MIXED_SHAPES}.get(which, SHAPES)
 
 
 def variants(which: str = "one_warp") -> list[tuple]:
     """(heads key, layout, path, (block_n, warps, stages), forced splits or 0 = the heuristic)."""
     heads = HEADS if which in ("one_warp", "cuda_core", "grid") else ("gqa2", "gqa4")
-    heads = ("gqa2",) if which in ("batch1", "batch1long", "mixed") else heads
+    heads = ("gqa2",) if which in BATCH1_ROUNDS or which == "mixed" else heads
     out = [(h, "bf16", "default", None, 0) for h in heads]
     out += [(h, "bf16", "default|hf", None, 0) for h in heads] if which == "mixed" else []
     if which == "grid":
@@ -86,8 +96,8 @@ def variants(which: str = "one_warp") -> list[tuple]:
             out += [(h, layout, "default", None, 0), (h, layout, "default|hf", None, 0)]
             out += [(h, layout, "fp16_hwcvt", t, s) for t, s in MIXED_TILES]
             continue
-        if which in ("batch1", "batch1long"):
-            tiles, splits = (BATCH1_TILES, (0, 2, 4)) if which == "batch1" else (BATCH1_LONG_TILES, BATCH1_LONG_SPLITS)
+        if which in BATCH1_ROUNDS:
+            _, tiles, splits = BATCH1_ROUNDS[which]
             out += [(h, layout, "default", None, 0)]
             out += [(h, layout, "fp16_hwcvt", t, s) for t in tiles for s in splits]
             continue
@@ -180,12 +190,13 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("outdir")
     p.add_argument("--workers", type=int, default=14)
-    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", "batch1", "batch1long", "mixed"),
+    p.add_argument("--variants", choices=("wide", "one_warp", "cuda_core", "grid", *BATCH1_ROUNDS, "mixed"),
                    default="one_warp",
                    help="wide: the first round (paths x tiles x splits); one_warp: 1-warp tiles x splits; "
                         "cuda_core: the CUDA-core decode kernel's tiles against the engine's default; "
                         "grid: heads-first grid order against the default order; batch1: tiles x splits of "
-                        "batch-1 steps, graph-timed (batch1long: at 4K and 16K context, up to 64 splits); mixed: decode "
+                        "batch-1 steps, graph-timed (batch1long: at 4K and 16K context, up to 64 splits; batch1short: 128 "
+                        "and 1K, the 4-warp and 1-warp few-programs tiles); mixed: decode "
                         "batches of mixed lengths")
     args = p.parse_args(argv)
     os.environ["SWEEP_VARIANTS"] = args.variants  # the spawned compile workers read it too

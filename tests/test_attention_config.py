@@ -53,16 +53,22 @@ def test_one_byte_decode_tile_and_its_split_rule():
     assert ac.choose_num_splits(512, 4096, 32, sms, num_warps=1) == 4  # the sweep's best at 64 seqs x 8 heads
     assert ac.choose_num_splits(1024, 512, 32, sms, num_warps=1) == 1  # GQA 7 at 256 x 512: unsplit was fastest
     assert ac.choose_num_splits(8, 16384, 32, sms, num_warps=1) == 64  # batch 1 at 16K: fill the GPU
-    assert ac.choose_num_splits(8, 700, 32, sms, num_warps=1) == 2  # every split 256+ keys
-    assert ac.choose_num_splits(8, 200, 32, sms, num_warps=1) == 1
+    assert ac.choose_num_splits(136, 1400, 32, sms, num_warps=1) == 4  # from 1 program per SM: splits of 256+ keys
+    assert ac.choose_num_splits(136, 200, 32, sms, num_warps=1) == 1
+    # fewer programs than SMs (session 15): splits as short as one tile, up to 64
+    assert ac.choose_num_splits(8, 4096, 32, sms, num_warps=1) == 64
+    assert ac.choose_num_splits(8, 1024, 32, sms, num_warps=1) == 32
+    assert ac.choose_num_splits(8, 700, 32, sms, num_warps=1) == 16  # 22 tiles, rounded down to a power of two
+    assert ac.choose_num_splits(8, 32, 32, sms, num_warps=1) == 1
+    assert ac.choose_num_splits(128, 4096, 32, sms, num_warps=1) == 16  # 16 per SM
     assert ac.choose_num_splits(512, 4096, 64, sms) == 1  # 4-warp rule unchanged
     assert ac.choose_num_splits(256, 4096, 64, sms) == 4
 
 
-def test_small_one_byte_decode_batches_take_the_4_warp_tile(monkeypatch):
-    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take FEW_PROGRAMS_DECODE_TILE (split by the
-    4-warp rule); 64 sequences keep the 1-warp tile; the CPU (no SM count) and the tile override keep it too;
-    2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
+def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
+    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take FEW_PROGRAMS_DECODE_TILE, split down to
+    one tile per split; 64 sequences keep the many-programs tile and its split rule; the CPU (no SM count) and the
+    tile override keep the many-programs tile; 2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
     from nanocore.kernels import attention_config as ac
 
     def cfg(num_seqs, sms=132):
@@ -72,12 +78,15 @@ def test_small_one_byte_decode_batches_take_the_4_warp_tile(monkeypatch):
     assert (small.block_n, small.num_warps, small.num_stages) == ac.FEW_PROGRAMS_DECODE_TILE
     assert small.quant_path == "fp16_hwcvt"
     long = ac.batch_choice(1, 1024, 1, [1], [1024], False, 2, 8, 128, 1, False, 132)
-    assert long.splits == 8  # 32 tiles of 32 keys: 4 per split
+    assert long.splits == 32  # 32 tiles of 32 keys: one per split
+    assert ac.batch_choice(1, 16384, 1, [1], [16384], False, 2, 8, 128, 1, False, 132).splits == 64
+    assert ac.batch_choice(1, 1024, 64, [1] * 64, [1024] * 64, False, 2, 8, 128, 1, False, 132).splits == 4
     chunk = ac.batch_choice(4, 128, 1, [4], [128], True, 2, 8, 128, 1, False, 132).config
     assert (chunk.block_n, chunk.num_warps, chunk.num_stages) == ac.WIDE_NARROW_TILE
     assert cfg(64).num_warps == 1 and cfg(1, sms=0).num_warps == 1
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/3")
-    assert cfg(1).num_warps == 1
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/4/3")  # session 14's few-programs tile, for A/B runs
+    assert cfg(1).num_warps == 4
+    assert ac.batch_choice(1, 1024, 1, [1], [1024], False, 2, 8, 128, 1, False, 132).splits == 8  # 4-warp rule
 
 
 def test_chunks_over_a_long_cached_prefix_split_the_kv_range():
@@ -136,7 +145,7 @@ def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
 
 def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
     """``NANOCORE_ATTN_DECODE_MIN_SPLITS`` raises the split count of 1-warp one-byte decode grids only; bf16, chunks,
-    the 4-warp few-programs tile and the CPU keep their choice; a bad value is refused with what to write."""
+    and the CPU keep their choice; a bad value is refused with what to write."""
     from nanocore.kernels import attention_config as ac
 
     def choice(kv_itemsize, max_query_len=1, sms=132, num_seqs=256):
@@ -147,7 +156,7 @@ def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "2")
     assert choice(1).splits == 2 and choice(1, num_seqs=64).splits == 4  # a floor, not a cap
     assert choice(2).splits == 1 and choice(1, sms=0).splits == 1 and choice(1, max_query_len=4).splits == 1
-    assert choice(1, num_seqs=1).splits == 8  # the few-programs tile keeps the 4-warp rule
+    assert choice(1, num_seqs=1).splits == 32  # the few-programs tile: one tile per split
     one_warp = ac.AttentionConfig(16, 32, 1, 3)  # the same 1-warp tile on a bf16 cache or a 4-token chunk: no floor
     assert ac.batch_choice(1, 1024, 256, [1] * 256, [1024] * 256, False, 2, 8, 128, 2, False, 132, one_warp).splits == 1
     assert ac.batch_choice(4, 1024, 256, [4] * 256, [1024] * 256, True, 2, 8, 128, 1, False, 132, one_warp).splits == 1

@@ -47,12 +47,14 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 #: - pure decode with fewer 1-warp programs than SMs until session 14 (now ``FEW_PROGRAMS_DECODE_TILE``).
 WIDE_NARROW_TILE = (128, 4, 2)
 #: Pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting: batch 1 to ~16): a few
-#: programs walk their keys tile after tile, so the chain per program sets the time. H200, session 14 (s14b,
-#: ``attention_decode_sweep --variants batch1``, graph-timed, GQA 2, per layer; bf16 5.0 / 9.9 us at 1 x 128 / 1 x
-#: 1024): int8 (32, 4, 3) 6.0-8.5 / 9.7 us (8 splits at 1,024), the earlier (128, 4, 2) 6.1-7.9 / 15.3 us (2
-#: splits; 10.7 with 4), 1-warp (32, 1, 3) 8.0-10.2 / 18.1; fp8_e4m3 alike; k_int8_v_fp8 6.7-9.6 / 11.4 vs
-#: 6.4-8.2 / 16.1. More, shorter splits win at batch 1: 32-key tiles split by ``choose_num_splits``' 4-warp rule.
-FEW_PROGRAMS_DECODE_TILE = (32, 4, 3)
+#: programs walk their keys tile after tile, so the chain per program sets the time, and more, shorter splits win.
+#: Session 14 (s14b, graph-timed, GQA 2, per layer; bf16 5.0 / 9.9 us at 1 x 128 / 1 x 1,024) chose (32, 4, 3)
+#: split by the 4-warp rule: int8 9.7 us at 1 x 1,024 (8 splits) against the 1-warp tile's 18.1 (4 splits of 256+
+#: keys). Session 15 (s15b, batch1long sweep) found that tile 1.46-1.65x bf16 at 1 x 16K (64 splits of 4-warp
+#: programs at 168 registers: 1.29 waves) and 1.10-1.37x at 1 x 4K, where the 1-warp tile split 64 ways ran
+#: 0.76-0.83x / 0.96-0.99x (TPOT at 16K: 2.727 ms against the 1-warp tile's 2.105, bf16 2.027). So few programs take
+#: the 1-warp tile, split down to one tile per split (``choose_num_splits``).
+FEW_PROGRAMS_DECODE_TILE = (32, 1, 3)
 #: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
 #: group it takes (its instructions per byte grow with the group). H200, session 12 (``attention_decode_sweep
 #: --variants cuda_core / grid``, per layer, 16/1/1): GQA 2, int8 / fp8 per-token scales: 256 x 512 110.7 / 103.2 us
@@ -195,15 +197,16 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     4-warp programs: below 2 per SM, split towards 4 per SM. 1-warp programs (H200 sweep, session 7, one-byte
     decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 1,024 and
     more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6 programs per SM, else 16 per SM
-    rounded down to a power of two, each split 256+ keys (a batch of one at 16K gets 64 splits: few programs must
-    split far to fill the GPU; fewer programs than SMs take the 4-warp tile by default since session 8, so that
-    case is reached with ``NANOCORE_ATTN_DECODE_TILE`` only). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us
-    at GQA 7, 64 x 4K)."""
+    rounded down to a power of two, each split 256+ keys; with fewer programs than SMs (batch 1 to ~16,
+    ``FEW_PROGRAMS_DECODE_TILE``) a split may be a single tile: a batch of one gets 32 splits at 1,024 keys and 64
+    from 2,048. Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
     tiles = triton.cdiv(max_seq_len, block_n)
     if num_warps == 1:
         if programs >= 6 * sm_count:
             return 1
-        splits = min(16 * sm_count // programs, tiles * block_n // 256, 64)
+        # fewer programs than SMs: a split as short as one tile (s15b: batch 1 ran fastest at 64 splits, 4K and 16K)
+        min_keys = block_n if programs < sm_count else 256
+        splits = min(16 * sm_count // programs, tiles * block_n // min_keys, 64)
         return 1 << (splits.bit_length() - 1) if splits > 1 else 1
     if programs >= 2 * sm_count or tiles < 8:
         return 1
