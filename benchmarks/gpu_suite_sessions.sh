@@ -566,14 +566,14 @@ s15b)  # issue 17 (<= 560 s; also the first GPU run of the split-KV module move)
       --max-model-len 16640 --prompt-len 16384 --kv-codec $1 --json $o/latency_16k_$tag.json >$o/latency_16k_$tag.log 2>&1
     echo "latency 16k $run exit $?"; tail -2 $o/latency_16k_$tag.log | cut -c1-160; pack
   done ;;
-s15c)  # issue 17 (<= 330 s): the few-programs tile is now 1-warp, split to one tile per split (after s15b): batch-1
-  # kernel at 128 / 1K (session 14's 32/4/3 against it), TPOT 128 / 128 bf16 / k_int8_v_fp8 / k_int8_v_fp8 with
-  # session 14's tile (NANOCORE_ATTN_DECODE_TILE=32/4/3), TPOT at 16K bf16 / k_int8_v_fp8 (same call)
+s15c)  # issue 17 (<= 330 s; session 14's tile last, the first to drop if the device time runs out): the few-programs tile is now 1-warp, split to one tile per split (after s15b): batch-1
+  # kernel at 128 / 1K (session 14's 32/4/3 against it), TPOT 128 / 128 and at 16K, bf16 / k_int8_v_fp8 (same call),
+  # then TPOT 128 / 128 with session 14's tile (NANOCORE_ATTN_DECODE_TILE=32/4/3)
   o=/tmp/s15c; mkdir -p $o; pack() { tar -czf "$out/s15c.tgz" -C $o . ; }
   timeout 100 python3 -m benchmarks.attention_decode_sweep $o --variants batch1short >$o/sweep_batch1short.log 2>&1
   echo "sweep exit $?"; grep -v "^compiled" $o/sweep_batch1short.log | tail -30; pack
-  for run in "unquantized default 1024 128" "k_int8_v_fp8 default 1024 128" "k_int8_v_fp8 32/4/3 1024 128" \
-             "unquantized default 16640 16384" "k_int8_v_fp8 default 16640 16384"; do
+  for run in "unquantized default 1024 128" "k_int8_v_fp8 default 1024 128" "unquantized default 16640 16384" \
+             "k_int8_v_fp8 default 16640 16384" "k_int8_v_fp8 32/4/3 1024 128"; do
     set -- $run; tag=$1_${2//\//_}_$4
     NANOCORE_ATTN_DECODE_TILE=$([ $2 = default ] || echo $2) timeout 70 $N bench latency $Q06 --max-num-seqs 8 \
       --max-model-len $3 --prompt-len $4 --kv-codec $1 --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
