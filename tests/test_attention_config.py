@@ -66,27 +66,28 @@ def test_one_byte_decode_tile_and_its_split_rule():
 
 
 def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
-    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) take FEW_PROGRAMS_DECODE_TILE, split down to
-    one tile per split; 64 sequences keep the many-programs tile and its split rule; the CPU (no SM count) and the
-    tile override keep the many-programs tile; 2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
+    """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) up to FEW_PROGRAMS_MAX_SEQ_LEN take
+    FEW_PROGRAMS_DECODE_TILE (split by the 4-warp rule); longer contexts take the 1-warp tile split down to one tile
+    per split; 64 sequences keep the 1-warp tile and its rule; the CPU (no SM count) and the tile override keep the
+    1-warp tile; 2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
     from nanocore.kernels import attention_config as ac
 
-    def cfg(num_seqs, sms=132):
-        return ac.batch_choice(1, 128, num_seqs, [1] * num_seqs, [128] * num_seqs, False, 2, 8, 128, 1, False,
-                               sms).config
-    small = cfg(1)
+    def choice(num_seqs, seq_len=128, sms=132):
+        return ac.batch_choice(1, seq_len, num_seqs, [1] * num_seqs, [seq_len] * num_seqs, False, 2, 8, 128, 1, False,
+                               sms)
+    small = choice(1).config
     assert (small.block_n, small.num_warps, small.num_stages) == ac.FEW_PROGRAMS_DECODE_TILE
     assert small.quant_path == "fp16_hwcvt"
-    long = ac.batch_choice(1, 1024, 1, [1], [1024], False, 2, 8, 128, 1, False, 132)
-    assert long.splits == 32  # 32 tiles of 32 keys: one per split
-    assert ac.batch_choice(1, 16384, 1, [1], [16384], False, 2, 8, 128, 1, False, 132).splits == 64
-    assert ac.batch_choice(1, 1024, 64, [1] * 64, [1024] * 64, False, 2, 8, 128, 1, False, 132).splits == 4
+    assert choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN).splits == 8  # 32 tiles of 32 keys: 4 per split
+    long = choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN + 1)
+    assert long.config.num_warps == 1 and long.splits == 32  # 33 tiles: one per split, rounded down
+    assert choice(1, 16384).config.num_warps == 1 and choice(1, 16384).splits == 64
+    assert choice(64, 1024).splits == 4 and choice(64, 1024).config.num_warps == 1
     chunk = ac.batch_choice(4, 128, 1, [4], [128], True, 2, 8, 128, 1, False, 132).config
     assert (chunk.block_n, chunk.num_warps, chunk.num_stages) == ac.WIDE_NARROW_TILE
-    assert cfg(64).num_warps == 1 and cfg(1, sms=0).num_warps == 1
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/4/3")  # session 14's few-programs tile, for A/B runs
-    assert cfg(1).num_warps == 4
-    assert ac.batch_choice(1, 1024, 1, [1], [1024], False, 2, 8, 128, 1, False, 132).splits == 8  # 4-warp rule
+    assert choice(64).config.num_warps == 1 and choice(1, sms=0).config.num_warps == 1
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/3")
+    assert choice(1).config.num_warps == 1
 
 
 def test_chunks_over_a_long_cached_prefix_split_the_kv_range():
@@ -145,7 +146,7 @@ def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
 
 def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
     """``NANOCORE_ATTN_DECODE_MIN_SPLITS`` raises the split count of 1-warp one-byte decode grids only; bf16, chunks,
-    and the CPU keep their choice; a bad value is refused with what to write."""
+    the 4-warp few-programs tile and the CPU keep their choice; a bad value is refused with what to write."""
     from nanocore.kernels import attention_config as ac
 
     def choice(kv_itemsize, max_query_len=1, sms=132, num_seqs=256):
@@ -156,7 +157,7 @@ def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "2")
     assert choice(1).splits == 2 and choice(1, num_seqs=64).splits == 4  # a floor, not a cap
     assert choice(2).splits == 1 and choice(1, sms=0).splits == 1 and choice(1, max_query_len=4).splits == 1
-    assert choice(1, num_seqs=1).splits == 32  # the few-programs tile: one tile per split
+    assert choice(1, num_seqs=1).splits == 8  # the few-programs tile keeps the 4-warp rule
     one_warp = ac.AttentionConfig(16, 32, 1, 3)  # the same 1-warp tile on a bf16 cache or a 4-token chunk: no floor
     assert ac.batch_choice(1, 1024, 256, [1] * 256, [1024] * 256, False, 2, 8, 128, 2, False, 132, one_warp).splits == 1
     assert ac.batch_choice(4, 1024, 256, [4] * 256, [1024] * 256, True, 2, 8, 128, 1, False, 132, one_warp).splits == 1

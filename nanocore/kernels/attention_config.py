@@ -46,15 +46,19 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 #:   accumulator (sm_90 compile: 3.5 KB of stack, 15 s per variant);
 #: - pure decode with fewer 1-warp programs than SMs until session 14 (now ``FEW_PROGRAMS_DECODE_TILE``).
 WIDE_NARROW_TILE = (128, 4, 2)
-#: Pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting: batch 1 to ~16): a few
-#: programs walk their keys tile after tile, so the chain per program sets the time, and more, shorter splits win.
-#: Session 14 (s14b, graph-timed, GQA 2, per layer; bf16 5.0 / 9.9 us at 1 x 128 / 1 x 1,024) chose (32, 4, 3)
-#: split by the 4-warp rule: int8 9.7 us at 1 x 1,024 (8 splits) against the 1-warp tile's 18.1 (4 splits of 256+
-#: keys). Session 15 (s15b, batch1long sweep) found that tile 1.46-1.65x bf16 at 1 x 16K (64 splits of 4-warp
-#: programs at 168 registers: 1.29 waves) and 1.10-1.37x at 1 x 4K, where the 1-warp tile split 64 ways ran
-#: 0.76-0.83x / 0.96-0.99x (TPOT at 16K: 2.727 ms against the 1-warp tile's 2.105, bf16 2.027). So few programs take
-#: the 1-warp tile, split down to one tile per split (``choose_num_splits``).
-FEW_PROGRAMS_DECODE_TILE = (32, 1, 3)
+#: Pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting: batch 1 to ~16) and contexts
+#: up to ``FEW_PROGRAMS_MAX_SEQ_LEN`` (the decode graphs' choice: their ``max_model_len``): a few programs walk their
+#: keys tile after tile, so the chain per program sets the time; 4-warp 32-key programs split by the 4-warp rule.
+#: H200, graph-timed per layer, GQA 2 (bf16 5.0 / 9.9 us at 1 x 128 / 1 x 1,024). Session 14 (s14b): int8 9.7 us at 1 x
+#: 1,024 (8 splits) against the 128-key tile's 15.3 and the 1-warp tile's 18.1 (4 splits of 256+ keys). Session 15
+#: (s15c, same call): at 1 x 128 this tile split 4-8 ways 6.0-6.8 us against the 1-warp tile's 7.8-8.6 at any split
+#: count; TPOT 128 / 128 (``max_model_len`` 1,024) k_int8_v_fp8 1.515 ms with it, 1.572 with the 1-warp tile split 32
+#: ways, bf16 1.467. Longer contexts take the 1-warp tile, split down to one tile per split (``choose_num_splits``):
+#: s15b found this tile 1.46-1.65x bf16 at 1 x 16K (64 splits of 4-warp programs at 168 registers: 1.29 waves) and
+#: 1.10-1.37x at 1 x 4K, where the 1-warp tile split 64 ways ran 0.76-0.83x / 0.96-0.99x (TPOT at 16K, s15c:
+#: k_int8_v_fp8 2.129 ms, bf16 2.039; s15b: this tile 2.727).
+FEW_PROGRAMS_DECODE_TILE = (32, 4, 3)
+FEW_PROGRAMS_MAX_SEQ_LEN = 1024
 #: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
 #: group it takes (its instructions per byte grow with the group). H200, session 12 (``attention_decode_sweep
 #: --variants cuda_core / grid``, per layer, 16/1/1): GQA 2, int8 / fp8 per-token scales: 256 x 512 110.7 / 103.2 us
@@ -120,7 +124,8 @@ def decode_quant_path() -> str:
 
 def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True,
                         few_programs: bool = False) -> tuple[int, int, int]:
-    """Tile of a one-byte cache's decode-shaped batch (``few_programs``: fewer sequences x KV heads than SMs);
+    """Tile of a one-byte cache's decode-shaped batch (``few_programs``: fewer sequences x KV heads than SMs, contexts
+    up to ``FEW_PROGRAMS_MAX_SEQ_LEN``);
     ``NANOCORE_ATTN_DECODE_TILE`` replaces the one-token tile only (a 1-warp override must not reach the 2+-token
     tiles: 64-row 1-warp variants compile for 15 s each)."""
     env = os.environ.get("NANOCORE_ATTN_DECODE_TILE") if one_token else None
@@ -197,9 +202,9 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     4-warp programs: below 2 per SM, split towards 4 per SM. 1-warp programs (H200 sweep, session 7, one-byte
     decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 1,024 and
     more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6 programs per SM, else 16 per SM
-    rounded down to a power of two, each split 256+ keys; with fewer programs than SMs (batch 1 to ~16,
-    ``FEW_PROGRAMS_DECODE_TILE``) a split may be a single tile: a batch of one gets 32 splits at 1,024 keys and 64
-    from 2,048. Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
+    rounded down to a power of two, each split 256+ keys; with fewer programs than SMs (batch 1 to ~16 past
+    ``FEW_PROGRAMS_MAX_SEQ_LEN``) a split may be a single tile: a batch of one gets 64 splits from 2,048 keys (s15b:
+    fastest at 4K and 16K). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
     tiles = triton.cdiv(max_seq_len, block_n)
     if num_warps == 1:
         if programs >= 6 * sm_count:
@@ -239,8 +244,9 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
 
     Every per-batch constexpr of the attention kernels comes from here, so the warm-up can enumerate them.
     """
+    few_programs = num_seqs * num_kv_heads < sm_count and max_seq_len <= FEW_PROGRAMS_MAX_SEQ_LEN
     cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped,
-                                   few_programs=num_seqs * num_kv_heads < sm_count)
+                                   few_programs=few_programs)
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
