@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, and s16a (queued).
 # A name it does not know is reported ("unknown section") and skipped.
 session_section() {
 case $1 in
@@ -578,6 +578,35 @@ s15c)  # issue 17 (<= 330 s; session 14's tile last, the first to drop if the de
     NANOCORE_ATTN_DECODE_TILE=$([ $2 = default ] || echo $2) timeout 70 $N bench latency $Q06 --max-num-seqs 8 \
       --max-model-len $3 --prompt-len $4 --kv-codec $1 --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
     echo "latency $run exit $?"; tail -2 $o/latency_$tag.log | cut -c1-160; pack
+  done ;;
+s16a)  # next session first (issue 17, <= 560 s): what session 15 left unmeasured. ncu of the current batch-1 config at
+  # 1 x 16K (the 1-warp tile split 64 ways; s15a profiled session 14's tile); the throughput pass step by step with the
+  # longest-first grids (s15a: 1.004x where the kernel predicts more); TPOT 128 / 128 at max_model_len 2,048 (the
+  # 1-warp few-programs tile's first engine run below 16K) with bf16, the default and session 14's 32/4/3; the
+  # KV-bound pair last (~250 s; its last figure is session 11's)
+  o=/tmp/s16a; mkdir -p $o; pack() { tar -czf "$out/s16a.tgz" -C $o . ; }
+  for spec in "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
+    set -- $spec; tag=$1_$2x$3_h$4
+    timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
+      --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx $3 --heads $4 \
+      --kv-heads $5 >$o/ncu_$tag.log 2>&1
+    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
+    rm -f $o/ncu_$tag.ncu-rep; pack
+  done
+  for c in unquantized k_int8_v_fp8; do
+    timeout 110 python3 -m benchmarks.throughput_timeline --kv-codec $c --json $o/timeline_$c.json >$o/timeline_$c.log 2>&1
+    echo "timeline $c exit $?"; grep -v "^wrote" $o/timeline_$c.log | head -14; pack
+  done
+  for run in "unquantized default" "k_int8_v_fp8 default" "k_int8_v_fp8 32/4/3"; do
+    set -- $run; tag=$1_${2//\//_}
+    NANOCORE_ATTN_DECODE_TILE=$([ $2 = default ] || echo $2) timeout 50 $N bench latency $Q06 --max-num-seqs 8 \
+      --max-model-len 2048 --kv-codec $1 --json $o/latency_2048_$tag.json >$o/latency_2048_$tag.log 2>&1
+    echo "latency 2048 $run exit $?"; tail -2 $o/latency_2048_$tag.log | cut -c1-160; pack
+  done
+  for c in unquantized k_int8_v_fp8; do
+    timeout 130 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
+    echo "kv-bound $c exit $?"; tail -3 $o/kv_bound_$c.log | cut -c1-160; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
