@@ -80,7 +80,7 @@ def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
     assert small.quant_path == "fp16_hwcvt"
     assert choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN).splits == 8  # 32 tiles of 32 keys: 4 per split
     long = choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN + 1)
-    assert long.config.num_warps == 1 and long.splits == 32  # 33 tiles: one per split, rounded down
+    assert long.config.num_warps == 1 and long.splits == 32  # 33 tiles: splits of one tile, rounded down to 32
     assert choice(1, 16384).config.num_warps == 1 and choice(1, 16384).splits == 64
     assert choice(64, 1024).splits == 4 and choice(64, 1024).config.num_warps == 1
     chunk = ac.batch_choice(4, 128, 1, [4], [128], True, 2, 8, 128, 1, False, 132).config
@@ -140,6 +140,11 @@ def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
     monkeypatch.delenv("NANOCORE_ATTN_DECODE_TILE")
     few = default_config(1, 2, 128, 1, few_programs=True)
     assert (few.block_n, few.num_warps, few.num_stages) == FEW_PROGRAMS_DECODE_TILE
+    # few programs keep the fp16 tiles at long contexts too (where those take the 1-warp tile)
+    from nanocore.kernels.attention_config import batch_choice
+    for seq_len in (1024, 2048, 16384):
+        cfg = batch_choice(1, seq_len, 1, [1], [seq_len], False, 2, 8, 128, 1, False, 132).config
+        assert cfg.quant_path == "fp16_hwcvt" and cfg.num_warps == (4 if seq_len <= 1024 else 1)
     monkeypatch.delenv("NANOCORE_ATTN_QUANT_PATH")
     assert default_config(1, 2, 128, 1).quant_path == "fp16_hwcvt"  # the default is unchanged
 

@@ -46,13 +46,13 @@ class KeyRecorder:
         return launch
 
 
-def _keys(batches, monkeypatch, honour_do_not_specialize: bool = True) -> set:
+def _keys(batches, monkeypatch, honour_do_not_specialize: bool = True, decode_order: str = "batch") -> set:
     recorder = KeyRecorder(KERNEL, honour_do_not_specialize)
     monkeypatch.setattr(launcher, "paged_attention_kernel", recorder)
     codec = UnquantizedKVCodec()
     cache = codec.allocate(64, BLOCK, HKV, D, torch.bfloat16, torch.device("cpu"))
     for batch in batches:
-        _, _, meta = batch_inputs(batch, [cache], codec, BLOCK, torch.device("cpu"))
+        _, _, meta = batch_inputs(batch, [cache], codec, BLOCK, torch.device("cpu"), decode_order)
         qkv = torch.randn(batch.num_tokens, (HQ + 2 * HKV) * D, dtype=torch.bfloat16)  # q, k, v: views, as served
         q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=1)
         launcher.paged_attention(q.view(-1, HQ, D), k.view(-1, HKV, D), v.view(-1, HKV, D), cache, meta, D ** -0.5,
@@ -69,9 +69,10 @@ def _random_batch(rng: random.Random) -> WarmupBatch:
     return WarmupBatch(tuple(query), tuple(max(q, s) for q, s in zip(query, seq)))
 
 
-def test_random_batches_compile_nothing_the_warmup_did_not(monkeypatch):
-    warmed = _keys(warmup_plan(LIMITS, SHAPE, 0), monkeypatch)
-    served = _keys([_random_batch(random.Random(seed)) for seed in range(150)], monkeypatch)
+@pytest.mark.parametrize("decode_order", ["batch", "longest_first"])  # the order array is a constexpr (ORDERED)
+def test_random_batches_compile_nothing_the_warmup_did_not(monkeypatch, decode_order):
+    warmed = _keys(warmup_plan(LIMITS, SHAPE, 0), monkeypatch, decode_order=decode_order)
+    served = _keys([_random_batch(random.Random(seed)) for seed in range(150)], monkeypatch, decode_order=decode_order)
     assert served <= warmed, f"{len(served - warmed)} compile keys only serving reaches"
     assert len(warmed) >= 4  # decode, fresh first chunks, fresh with a prefix, the prefill tile
 

@@ -78,8 +78,9 @@ def _class_reps(limits: ServingLimits, shape: AttentionShape) -> list[int]:
 
 def _candidates(m: int, limits: ServingLimits, shape: AttentionShape, sm_count: int, block_n: int):
     """Batches with max query ``m`` that span its choices: first chunks only (seq = query), and with context
-    over every KV length at tile granularity and every sequence count until the split count stops changing
-    (it grows with the KV length and shrinks with the number of programs)."""
+    over every KV length at tile granularity and every sequence count until the choice stops changing (the split
+    count grows with the KV length and shrinks with the number of programs; few programs switch tiles past
+    ``FEW_PROGRAMS_MAX_SEQ_LEN``)."""
     n_max = min(limits.max_num_seqs, limits.max_num_batched_tokens - m + 1)
     for n in range(1, n_max + 1):  # first chunks only: every row m tokens, nothing cached
         if m < 2 or n * m > limits.max_num_batched_tokens:
@@ -93,13 +94,13 @@ def _candidates(m: int, limits: ServingLimits, shape: AttentionShape, sm_count: 
         usable = [s for s in lens if n > 1 or m == 1 or s > m]  # a lone chunk of 2+ needs a prefix to be CACHED
         if not usable:
             continue
-        top = choice_of(_with_context(m, n, usable[-1]), shape, sm_count).splits
+        top = choice_of(_with_context(m, n, usable[-1]), shape, sm_count)
         for s in usable:
             batch = _with_context(m, n, s)
             yield batch
-            if choice_of(batch, shape, sm_count).splits == top:
+            if choice_of(batch, shape, sm_count) == top:  # the whole choice: the tile may change with the length too
                 break
-        if top == 1 and n * shape.num_kv_heads >= sm_count:  # fewer programs than SMs may pick another tile
+        if top.splits == 1 and n * shape.num_kv_heads >= sm_count:  # fewer programs than SMs may pick another tile
             break
 
 

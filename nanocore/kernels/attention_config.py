@@ -53,10 +53,10 @@ WIDE_NARROW_TILE = (128, 4, 2)
 #: 1,024 (8 splits) against the 128-key tile's 15.3 and the 1-warp tile's 18.1 (4 splits of 256+ keys). Session 15
 #: (s15c, same call): at 1 x 128 this tile split 4-8 ways 6.0-6.8 us against the 1-warp tile's 7.8-8.6 at any split
 #: count; TPOT 128 / 128 (``max_model_len`` 1,024) k_int8_v_fp8 1.515 ms with it, 1.572 with the 1-warp tile split 32
-#: ways, bf16 1.467. Longer contexts take the 1-warp tile, split down to one tile per split (``choose_num_splits``):
-#: s15b found this tile 1.46-1.65x bf16 at 1 x 16K (64 splits of 4-warp programs at 168 registers: 1.29 waves) and
-#: 1.10-1.37x at 1 x 4K, where the 1-warp tile split 64 ways ran 0.76-0.83x / 0.96-0.99x (TPOT at 16K, s15c:
-#: k_int8_v_fp8 2.129 ms, bf16 2.039; s15b: this tile 2.727).
+#: ways, bf16 1.467. Longer contexts take the 1-warp tile, split down to one or two tiles per split
+#: (``choose_num_splits``): s15b found this tile 1.46-1.65x bf16 at 1 x 16K (64 splits of 4-warp programs at 168
+#: registers: 1.29 waves) and 1.10-1.37x at 1 x 4K, where the 1-warp tile split 64 ways ran 0.76-0.83x / 0.96-0.99x
+#: (TPOT at 16K, s15c: k_int8_v_fp8 2.129 ms, bf16 2.039; s15b: this tile 2.727).
 FEW_PROGRAMS_DECODE_TILE = (32, 4, 3)
 FEW_PROGRAMS_MAX_SEQ_LEN = 1024
 #: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
@@ -144,10 +144,12 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True
 
 
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
-                   k_grouped: bool = False, few_programs: bool = False) -> AttentionConfig:
+                   k_grouped: bool = False, few_programs: bool = False, max_seq_len: int = 0) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles. A one-byte
     cache's decode-shaped tiles carry their path (``decode_quant_path`` for one token, else ``default_quant_path``);
-    prefill tiles leave it None (``default_quant_path`` at launch)."""
+    prefill tiles leave it None (``default_quant_path`` at launch). ``few_programs``: fewer sequences x KV heads than
+    SMs; with ``max_seq_len`` up to ``FEW_PROGRAMS_MAX_SEQ_LEN`` (0: unknown, taken as short) they get the
+    few-programs tile."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
         one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
@@ -158,7 +160,8 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
             tile = _narrow_decode_tile(path, k_grouped) if env else CUDA_CORE_DECODE_TILE
             return AttentionConfig(16, *tile, quant_path=path)
         path = "fp16_hwcvt" if path == "cuda_core" else path  # batches the CUDA-core kernel does not serve well
-        tile = _narrow_decode_tile(path, k_grouped, one_token, few_programs)
+        short = max_seq_len <= FEW_PROGRAMS_MAX_SEQ_LEN
+        tile = _narrow_decode_tile(path, k_grouped, one_token, few_programs and short)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile, quant_path=path)
     if rows <= 64:  # H200, 64 x 4K decode: 2 stages 4.23 TB/s, 3 stages 3.15 (smem limits occupancy)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), 64, 4, 2)
@@ -166,9 +169,10 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
     return AttentionConfig(max(64, triton.next_power_of_2(group)), 32, 4, 3)
 
 
-def decode_order_mode() -> str:
-    """``NANOCORE_ATTN_DECODE_ORDER`` (one of ``DECODE_ORDERS``; unset: ``DEFAULT_DECODE_ORDER``)."""
-    mode = os.environ.get("NANOCORE_ATTN_DECODE_ORDER") or DEFAULT_DECODE_ORDER
+def decode_order_mode(device_type: str = "cuda") -> str:
+    """``NANOCORE_ATTN_DECODE_ORDER`` (one of ``DECODE_ORDERS``); unset: ``DEFAULT_DECODE_ORDER`` on CUDA, "batch"
+    elsewhere (the torch reference path never reads the order)."""
+    mode = os.environ.get("NANOCORE_ATTN_DECODE_ORDER") or (DEFAULT_DECODE_ORDER if device_type == "cuda" else "batch")
     if mode not in DECODE_ORDERS:
         raise ValueError(f"NANOCORE_ATTN_DECODE_ORDER={mode!r} is not one of {DECODE_ORDERS}; unset it for the "
                          f"default ({DEFAULT_DECODE_ORDER})")
@@ -203,13 +207,17 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 1,024 and
     more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6 programs per SM, else 16 per SM
     rounded down to a power of two, each split 256+ keys; with fewer programs than SMs (batch 1 to ~16 past
-    ``FEW_PROGRAMS_MAX_SEQ_LEN``) a split may be a single tile: a batch of one gets 64 splits from 2,048 keys (s15b:
+    ``FEW_PROGRAMS_MAX_SEQ_LEN``) a split may be a single tile (then rounded down to a power of two, so one or two
+    tiles): a batch of one gets 64 splits from 2,048 keys (s15b:
     fastest at 4K and 16K). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
     tiles = triton.cdiv(max_seq_len, block_n)
+    if programs < 1:
+        return 1
     if num_warps == 1:
         if programs >= 6 * sm_count:
             return 1
-        # fewer programs than SMs: a split as short as one tile (s15b: batch 1 ran fastest at 64 splits, 4K and 16K)
+        # fewer programs than SMs: splits as short as one tile, before rounding down to a power of two (s15b: batch 1
+        # ran fastest at 64 splits, 4K and 16K)
         min_keys = block_n if programs < sm_count else 256
         splits = min(16 * sm_count // programs, tiles * block_n // min_keys, 64)
         return 1 << (splits.bit_length() - 1) if splits > 1 else 1
@@ -244,9 +252,8 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
 
     Every per-batch constexpr of the attention kernels comes from here, so the warm-up can enumerate them.
     """
-    few_programs = num_seqs * num_kv_heads < sm_count and max_seq_len <= FEW_PROGRAMS_MAX_SEQ_LEN
     cfg = config or default_config(max_query_len, group, head_dim, kv_itemsize, k_grouped=k_grouped,
-                                   few_programs=few_programs)
+                                   few_programs=num_seqs * num_kv_heads < sm_count, max_seq_len=max_seq_len)
     block_q = cfg.block_m // group
     if block_q < 1:
         raise ValueError(f"block_m {cfg.block_m} is smaller than the GQA group {group}")
