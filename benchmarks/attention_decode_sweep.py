@@ -6,6 +6,8 @@ against the torch reference (``attention_quant_tune.rel_err``) and timed per lay
 (``--variants cuda_core`` / ``grid``: also 1 x 16384) for GQA 2 (Qwen3-0.6B, 16 q / 8 kv heads), GQA 4
 (Llama-3.1-8B, 32 / 8) and, except ``wide``, GQA 7 (Qwen2.5-7B, 28 / 4), with the bf16 cache's default as the
 baseline. Writes ``OUTDIR/attention_decode_sweep.json`` after every group and prints the best variants.
+Cases carry no ``decode_order``: "default" rows launch the batch order (the engine's longest-first grids are the
+"lf" shapes of ``--variants mixed``, rows pre-sorted, with "|hf").
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Longest-first decode grids (``NANOCORE_ATTN_DECODE_ORDER=longest_first``): the order, its metadata from the model
-runner and the warm-up, and the kernel reading it (Triton interpreter on CPU, compiled on CUDA)."""
+"""Longest-first decode grids (the default on CUDA since session 15; ``NANOCORE_ATTN_DECODE_ORDER=batch`` turns them
+off): the order, its metadata from the model runner and the warm-up, and the kernel reading it (Triton interpreter
+on CPU, compiled on CUDA)."""
 import sys
 from pathlib import Path
 
@@ -24,7 +25,10 @@ def test_longest_first_is_a_stable_permutation():
 
 def test_mode_is_checked(monkeypatch):
     monkeypatch.delenv("NANOCORE_ATTN_DECODE_ORDER", raising=False)
-    assert ac.decode_order_mode() == "longest_first"  # the default since session 15
+    assert ac.decode_order_mode() == "longest_first"  # the default on CUDA since session 15
+    assert ac.decode_order_mode("cpu") == "batch"  # the torch reference path ignores it
+    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
+    assert ac.decode_order_mode("cpu") == "longest_first"  # asked for: tests of the runner's metadata on the CPU
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "batch")
     assert ac.decode_order_mode() == "batch"
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest")

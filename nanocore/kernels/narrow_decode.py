@@ -10,7 +10,7 @@ per group, and the small state leaves room for many warps per SM.
 Per step: one program per (sequence, KV head, split). K/V bytes -> fp16 by bit tricks or the e4m3x2 instruction
 (``narrow_convert``), then fp32. Scales: per-(token, head) K scales on the score columns, V scales on the
 probability columns, group-scaled K on the converted tile; fp8's bit-trick unit folds into q and the output.
-Split partials use ``paged_attention_kernel``'s workspace and merge kernel.
+Split partials use ``paged_attention``'s workspace and ``split_kv``'s merge kernel.
 """
 from __future__ import annotations
 

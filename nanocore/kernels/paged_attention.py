@@ -1,4 +1,5 @@
-"""Host side of the Triton paged attention (kernels in ``paged_attention_kernel``), twin of the torch reference.
+"""Host side of the Triton paged attention (kernels in ``paged_attention_kernel`` and ``split_kv``), twin of the
+torch reference.
 
 ``paged_attention`` reads the codec's layout, picks the launch config and the quantized path, and launches
 the attention kernel (plus the split-KV merge). Which KV positions come from where, as in
@@ -136,8 +137,9 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core
     if ordered and (meta.decode_order.shape != (num_seqs,) or meta.decode_order.dtype != torch.int32
                     or meta.decode_order.device != q.device):
+        order = meta.decode_order
         raise ValueError(f"meta.decode_order must be int32 [{num_seqs}] on {q.device} (a permutation of the rows), "
-                         f"got {meta.decode_order.dtype} {tuple(meta.decode_order.shape)} on {meta.decode_order.device}")
+                         f"got {order.dtype} {tuple(order.shape)} on {order.device}")
     # an ordered grid puts the KV heads on axis 0 whatever cfg.heads_first says: all heads of the longest first
     heads_first = heads_first or ordered
     if cuda_core:

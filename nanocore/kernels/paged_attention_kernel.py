@@ -25,7 +25,6 @@ from nanocore.kernels.narrow_attention import narrow_pv, narrow_scores
 from nanocore.kernels.split_kv import _NEG_INIT, split_range, write_rows
 
 
-
 @triton.jit
 def _load_kv_tile(base_ptr, scale_ptr, slot, kvh, d, stride_t, stride_h, s_stride_t, s_stride_h, kv_ok,
                   OUT_DTYPE: tl.constexpr, SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr,
