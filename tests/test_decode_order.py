@@ -64,9 +64,11 @@ def test_ordered_grid_computes_every_row(layout, splits, monkeypatch):
     monkeypatch.setattr(torch, "empty", real_empty)
     assert torch.equal(wrong[0], plain[0]) and torch.isnan(wrong[1:]).all()
     meta.decode_order = torch.arange(len(DECODE) - 1, dtype=torch.int32, device=q.device)
+    meta.launch_choices.clear()  # the order is checked once per step, with the step's launch plan
     with pytest.raises(ValueError, match="a permutation of the rows"):
         paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
     meta.decode_order = torch.arange(len(DECODE), dtype=torch.int32, device="meta")  # not q's device
+    meta.launch_choices.clear()
     with pytest.raises(ValueError, match=f"on {q.device}"):
         paged_attention(q, None, None, cache, meta, 0.125, layout=layout, config=cfg)
 

@@ -76,6 +76,12 @@ def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
     return True, contiguous(k_new), contiguous(v_new)
 
 
+def _check_order(order: torch.Tensor, num_seqs: int, device: torch.device) -> None:
+    if order.shape != (num_seqs,) or order.dtype != torch.int32 or order.device != device:
+        raise ValueError(f"meta.decode_order must be int32 [{num_seqs}] on {device} (a permutation of the rows), "
+                         f"got {order.dtype} {tuple(order.shape)} on {order.device}")
+
+
 def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionConfig | None, meta) -> tuple:
     """(choice, fp16-path constexprs, (FOLD, K_SPLIT), (block_q, q tiles, head_dim pad, splits pad), whether the
     CUDA-core decode kernel runs it) of this batch.
@@ -99,6 +105,8 @@ def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionC
         tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
                  triton.next_power_of_2(choice.splits))
         cuda_core = path == "cuda_core" and covers(narrow, head_dim, codes, groups[0], meta.max_query_len)
+        if tiles[1] == 1 and meta.decode_order is not None and not cuda_core:
+            _check_order(meta.decode_order, meta.seq_lens.shape[0], q.device)  # once per step, not per layer
         plan = meta.launch_choices[key] = (choice, narrow, flags, tiles, cuda_core)
     return plan
 
@@ -134,12 +142,7 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
         ws_ml = torch.empty(num_tokens * num_q_heads * splits, 2, dtype=torch.float32, device=q.device)
     default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
     heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
-    ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core
-    if ordered and (meta.decode_order.shape != (num_seqs,) or meta.decode_order.dtype != torch.int32
-                    or meta.decode_order.device != q.device):
-        order = meta.decode_order
-        raise ValueError(f"meta.decode_order must be int32 [{num_seqs}] on {q.device} (a permutation of the rows), "
-                         f"got {order.dtype} {tuple(order.shape)} on {order.device}")
+    ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core  # checked by _launch_plan
     # an ordered grid puts the KV heads on axis 0 whatever cfg.heads_first says: all heads of the longest first
     heads_first = heads_first or ordered
     if cuda_core:
