@@ -4,6 +4,17 @@
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
 # graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, and s16a (queued).
 # A name it does not know is reported ("unknown section") and skipped.
+# ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
+# keeps the details page as CSV, drops the report
+ncu_decode_probe() {
+  local o=$1; shift; local tag=$1_$2x$3_h$4
+  timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
+    --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx $3 --heads $4 \
+    --kv-heads $5 >$o/ncu_$tag.log 2>&1
+  echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
+  rm -f $o/ncu_$tag.ncu-rep
+}
+
 session_section() {
 case $1 in
 verify6)  # session 6's GPU paths first (~330 s): fresh-K/V prefill attention, kernel warm-up, fp8 MoE experts,
@@ -543,12 +554,7 @@ s15a)  # next session first (issue 17, <= 540 s): the longest-first decode order
   timeout 120 python3 -m benchmarks.attention_decode_sweep $o --variants mixed >$o/sweep_mixed.log 2>&1
   echo "sweep exit $?"; grep -v "^compiled" $o/sweep_mixed.log | tail -60; pack
   for spec in "bf16 64 4096 28 4" "k_int8_v_fp8 64 4096 28 4" "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
-    set -- $spec; tag=$1_$2x$3_h$4
-    timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
-      --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx $3 --heads $4 \
-      --kv-heads $5 >$o/ncu_$tag.log 2>&1
-    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
-    rm -f $o/ncu_$tag.ncu-rep; pack
+    ncu_decode_probe $o $spec; pack
   done ;;
 s15b)  # issue 17 (<= 560 s; also the first GPU run of the split-KV module move): the order's tests on CUDA again (s15a: a test built its order on the CPU and the cuda
   # engine test did not finish in 90 s; the host check now refuses an order on another device), batch-1 decode at
@@ -586,12 +592,7 @@ s16a)  # next session first (issue 17, <= 560 s): what session 15 left unmeasure
   # KV-bound pair last (~250 s; its last figure is session 11's)
   o=/tmp/s16a; mkdir -p $o; pack() { tar -czf "$out/s16a.tgz" -C $o . ; }
   for spec in "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
-    set -- $spec; tag=$1_$2x$3_h$4
-    timeout 45 ncu --clock-control none --set full -k regex:"paged_attention|narrow_decode" --launch-skip 4 \
-      --launch-count 1 -o $o/ncu_$tag python3 -m benchmarks.attention_probe $1 --seqs $2 --ctx $3 --heads $4 \
-      --kv-heads $5 >$o/ncu_$tag.log 2>&1
-    echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
-    rm -f $o/ncu_$tag.ncu-rep; pack
+    ncu_decode_probe $o $spec; pack
   done
   for c in unquantized k_int8_v_fp8; do
     timeout 110 python3 -m benchmarks.throughput_timeline --kv-codec $c --json $o/timeline_$c.json >$o/timeline_$c.log 2>&1
