@@ -39,9 +39,9 @@ def timed(fn, name: str, totals: dict, sync):
     return wrapper
 
 
-def replay_ms(graphs, bs: int, iters: int = 50) -> float:
-    """Pure GPU time of one captured decode graph (CUDA events)."""
-    graph = graphs.graphs[bs]
+def replay_ms(graphs, key: tuple[int, int], iters: int = 50) -> float:
+    """Pure GPU time of one captured decode graph, keyed (bucket, context tier) (CUDA events)."""
+    graph = graphs.graphs[key]
     graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
@@ -109,8 +109,8 @@ def profile_decode(llm, batch_size: int, context_len: int, steps: int) -> dict:
     row["other_host_ms"] = row["step_ms"] - sum(1e3 * v / steps for v in totals.values())
     row.update(walls)
     if runner.decode_graphs is not None:
-        bucket = next(b for b in runner.decode_graphs.buckets if b >= batch_size)
-        row["graph_replay_gpu_ms"] = replay_ms(runner.decode_graphs, bucket)
+        key = runner.decode_graphs.graph_key(batch_size, context_len + 1)  # the tier of the first decode step
+        row["graph_replay_gpu_ms"] = replay_ms(runner.decode_graphs, key)
     return row
 
 

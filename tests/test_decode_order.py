@@ -131,7 +131,7 @@ def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):
         def replay(self):
             seen.append((graphs.decode_order[:self.bs].tolist(), graphs._meta(self.bs).decode_order.tolist()))
     for bs in graphs.buckets:
-        graphs.graphs[bs], graphs.outputs[bs] = FakeGraph(bs), torch.zeros(bs, 4)
+        graphs.graphs[bs, 64], graphs.outputs[bs, 64] = FakeGraph(bs), torch.zeros(bs, 4)
 
     def step(lens):
         n = len(lens)

@@ -1,11 +1,12 @@
-"""CUDA graphs for decode steps: one graph per batch-size bucket, replayed on persistent buffers (steps with
-prefill chunks: ``piecewise_graphs``; ``capture_graphs`` builds both for the ModelRunner).
+"""CUDA graphs for decode steps: one graph per batch-size bucket and context tier, replayed on persistent buffers
+(steps with prefill chunks: ``piecewise_graphs``; ``capture_graphs`` builds both for the ModelRunner).
 
 Every decode batch of up to ``max_num_seqs`` sequences runs in the smallest captured bucket that holds
 it (buckets 1, 2, 4, 8, then every multiple of 8 up to ``max_num_seqs``: no gaps); padding rows store
-to slot -1 and attend over zero keys. The block-table width comes from ``max_model_len`` and attention
-is captured with ``max_seq_len = max_model_len``, so any context length replays the same graph.
-Logits and sampling run outside the graph (they depend on the sampling parameters).
+to slot -1 and attend over zero keys. The block-table width comes from ``max_model_len``. Attention's launch
+choice (tile, KV splits) is frozen at capture by ``max_seq_len``: each bucket is captured at ``max_model_len`` and
+at the context tiers below it where that choice differs (``context_tiers``), and a step replays the smallest tier
+that holds its longest context. Logits and sampling run outside the graph (they depend on the sampling parameters).
 """
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
+from nanocore.engine.warmup import attention_shape
+from nanocore.engine.warmup_plan import AttentionShape, WarmupBatch, choice_of
+from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import AttentionMetadata
 
 if TYPE_CHECKING:
@@ -31,12 +35,34 @@ def decode_buckets(max_num_seqs: int) -> list[int]:
     return sorted(set(sizes + [max_num_seqs]))
 
 
+#: Context bounds below ``max_model_len`` at which a bucket may get its own graph (powers of 4). With one graph at
+#: ``max_model_len`` a 128-token batch-1 decode at ``max_model_len`` 40,960 ran the 64-split tile of 40K contexts.
+CONTEXT_TIERS = (256, 1024, 4096, 16384)
+
+
+def context_tiers(bs: int, max_model_len: int, shape: AttentionShape | None, sms: int) -> list[int]:
+    """The context bounds captured for bucket ``bs``, ascending, ending at ``max_model_len``: a ``CONTEXT_TIERS``
+    bound below it only where the attention choice of ``bs`` decodes at that length differs from the next larger
+    bound's (else its graph would be the same). ``shape`` None: ``max_model_len`` only."""
+    tiers = [max_model_len]
+    if shape is None:
+        return tiers
+    choice = lambda seq_len: choice_of(WarmupBatch((1,) * bs, (seq_len,) * bs), shape, sms)  # noqa: E731
+    for bound in sorted((t for t in CONTEXT_TIERS if t < max_model_len), reverse=True):
+        if choice(bound) != choice(tiers[0]):
+            tiers.insert(0, bound)
+    return tiers
+
+
 class DecodeGraphs:
     def __init__(self, model, kv_caches, codec, max_num_seqs: int, max_model_len: int, block_size: int,
-                 device: torch.device, decode_order: str = "batch"):
+                 device: torch.device, decode_order: str = "batch", shape: AttentionShape | None = None):
+        """``shape``: the model's attention shape, for the context tiers (None: one graph per bucket)."""
         self.model = model
         self.buckets = decode_buckets(max_num_seqs)
         self.max_model_len = max_model_len
+        sms = sm_count(device) if device.type == "cuda" else 0
+        self.tiers = {bs: context_tiers(bs, max_model_len, shape, sms) for bs in self.buckets}
         max_bs = self.buckets[-1]
         max_blocks = -(-max_model_len // block_size)
         zeros = lambda *shape, dtype: torch.zeros(*shape, dtype=dtype, device=device)  # noqa: E731
@@ -49,31 +75,38 @@ class DecodeGraphs:
         # longest-first decode grids: the step's order, padded rows after it in their own order (a permutation)
         self.decode_order = self.query_start_loc[:max_bs].clone() if decode_order == "longest_first" else None
         self.kv_caches, self.codec = kv_caches, codec
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}  # keyed (bucket, context tier)
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self._capture_all(device)
 
-    def _meta(self, bs: int) -> AttentionMetadata:
+    def _meta(self, bs: int, tier: int | None = None) -> AttentionMetadata:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
-            max_query_len=1, max_seq_len=self.max_model_len, kv_caches=self.kv_caches, codec=self.codec,
+            max_query_len=1, max_seq_len=tier or self.max_model_len, kv_caches=self.kv_caches, codec=self.codec,
             decode_order=self.decode_order[:bs] if self.decode_order is not None else None)
 
     @torch.inference_mode()
     def _capture_all(self, device: torch.device) -> None:
         pool = torch.cuda.graph_pool_handle()
-        for bs in reversed(self.buckets):  # largest first so smaller graphs reuse its memory pool
-            meta = self._meta(bs)
-            args = (self.input_ids[:bs], self.positions[:bs], meta)
+        keys = [(bs, tier) for bs in reversed(self.buckets) for tier in reversed(self.tiers[bs])]
+        for bs, tier in keys:  # largest first so smaller graphs reuse its memory pool
+            args = (self.input_ids[:bs], self.positions[:bs], self._meta(bs, tier))
             self.model.forward(*args)  # warm-up: Triton autotuning / compilation outside capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.outputs[bs] = self.model.forward(*args)
-            self.graphs[bs] = graph
+                self.outputs[bs, tier] = self.model.forward(*args)
+            self.graphs[bs, tier] = graph
         torch.cuda.synchronize(device)
-        logger.info("captured %d decode CUDA graphs (batch sizes %s)", len(self.buckets), self.buckets)
+        tiered = {bs: tiers[:-1] for bs, tiers in self.tiers.items() if len(tiers) > 1}
+        logger.info("captured %d decode CUDA graphs (batch sizes %s; context tiers below max_model_len %d: %s)",
+                    len(keys), self.buckets, self.max_model_len, tiered or "none")
+
+    def graph_key(self, num_seqs: int, max_seq_len: int) -> tuple[int, int]:
+        """(bucket, context tier) a decode step of ``num_seqs`` rows up to ``max_seq_len`` keys replays."""
+        bs = next(b for b in self.buckets if b >= num_seqs)
+        return bs, next(t for t in self.tiers[bs] if t >= max_seq_len)
 
     def can_run(self, meta: AttentionMetadata, num_seqs: int) -> bool:
         return meta.is_decode_only and num_seqs <= self.buckets[-1] and meta.max_seq_len <= self.max_model_len
@@ -81,7 +114,7 @@ class DecodeGraphs:
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """Hidden states ``[num_seqs, H]`` of a decode step, replayed in the smallest fitting bucket."""
         n = input_ids.shape[0]
-        bs = next(b for b in self.buckets if b >= n)
+        bs, tier = self.graph_key(n, meta.max_seq_len)
         self.input_ids[:n].copy_(input_ids)
         self.positions[:n].copy_(positions)
         self.slot_mapping[:n].copy_(meta.slot_mapping)
@@ -95,8 +128,8 @@ class DecodeGraphs:
                 raise RuntimeError("decode graphs were captured longest-first but the step has no decode_order")
             self.decode_order[:n].copy_(meta.decode_order)
             self.decode_order[n:bs].copy_(self.query_start_loc[n:bs])  # one token per row: 0, 1, 2, ...
-        self.graphs[bs].replay()
-        return self.outputs[bs][:n]
+        self.graphs[bs, tier].replay()
+        return self.outputs[bs, tier][:n]
 
 
 def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_model_len: int, device: torch.device,
@@ -109,7 +142,7 @@ def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_m
         logger.warning("decode runs without CUDA graphs: %s", blocker)
         return None, None
     decode = DecodeGraphs(model, kv_caches, codec, config.max_num_seqs, max_model_len, config.block_size, device,
-                          decode_order)
+                          decode_order, attention_shape(model, codec, dtype))
     if not captures_mixed_graphs(config, model):
         return decode, None
     limit = step_token_limit(config.max_num_batched_tokens, config.max_num_seqs, max_model_len)
