@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, and s16a (queued).
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16a, s16b.
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -608,6 +608,28 @@ s16a)  # next session first (issue 17, <= 560 s): what session 15 left unmeasure
     timeout 130 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
     echo "kv-bound $c exit $?"; tail -3 $o/kv_bound_$c.log | cut -c1-160; pack
+  done ;;
+s16b)  # session 16 (issue 17, <= 560 s): decode graphs per context tier. Their cuda tests first (a failure ends the
+  # section: then s16a, the code before them, is the call to make); TPOT 128 / 128 at max_model_len 40,960 (the
+  # model's own: short contexts ran the 64-split tiles) and 2,048, bf16 / k_int8_v_fp8; ncu of the 1 x 16K config;
+  # the throughput pass step by step (longest-first grids, tiered graphs)
+  o=/tmp/s16b; mkdir -p $o; pack() { tar -czf "$out/s16b.tgz" -C $o . ; }
+  timeout 200 python3 -m pytest -q -m cuda -rf --tb=short tests/test_decode_graph_tiers.py tests/test_decode_order.py \
+    tests/test_gpu_engine.py tests/test_kernel_warmup_gpu.py >$o/tests.log 2>&1
+  rc=$?; echo "tests exit $rc"; tail -15 $o/tests.log; pack
+  [ $rc = 0 ] || return
+  for run in "unquantized 40960" "k_int8_v_fp8 40960" "unquantized 2048" "k_int8_v_fp8 2048"; do
+    set -- $run; tag=$1_$2
+    timeout 60 $N -v bench latency $Q06 --max-num-seqs 8 --max-model-len $2 --kv-codec $1 \
+      --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
+    echo "latency $run exit $?"; grep -i "captured" $o/latency_$tag.log | cut -c1-300; tail -2 $o/latency_$tag.log | cut -c1-160; pack
+  done
+  for spec in "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
+    ncu_decode_probe $o $spec; pack
+  done
+  for c in unquantized k_int8_v_fp8; do
+    timeout 110 python3 -m benchmarks.throughput_timeline --kv-codec $c --json $o/timeline_$c.json >$o/timeline_$c.log 2>&1
+    echo "timeline $c exit $?"; grep -v "^wrote" $o/timeline_$c.log | head -14; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
