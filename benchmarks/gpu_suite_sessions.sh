@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16a, s16b.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16a..s16c.
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -630,6 +630,14 @@ s16b)  # session 16 (issue 17, <= 560 s): decode graphs per context tier. Their 
   for c in unquantized k_int8_v_fp8; do
     timeout 110 python3 -m benchmarks.throughput_timeline --kv-codec $c --json $o/timeline_$c.json >$o/timeline_$c.log 2>&1
     echo "timeline $c exit $?"; grep -v "^wrote" $o/timeline_$c.log | head -14; pack
+  done ;;
+s16c)  # session 16 (issue 17, <= 560 s): the KV-bound workload with the current defaults (longest-first grids, tiered
+  # decode graphs; its last figure is session 11's 1.31x), bf16 and k_int8_v_fp8 first, then int8 and fp8_e4m3
+  o=/tmp/s16c; mkdir -p $o; pack() { tar -czf "$out/s16c.tgz" -C $o . ; }
+  for c in unquantized k_int8_v_fp8 int8 fp8_e4m3; do
+    timeout 130 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
+      --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
+    echo "kv-bound $c exit $?"; tail -3 $o/kv_bound_$c.log | cut -c1-160; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
