@@ -65,9 +65,29 @@ def test_one_byte_decode_tile_and_its_split_rule():
     assert ac.choose_num_splits(256, 4096, 64, sms) == 4
 
 
+def test_few_program_decode_grids_split_to_one_tile_at_short_contexts():
+    """4-warp decode grids of fewer programs than SMs split at least as many ways as one-tile splits of the first
+    FEW_PROGRAMS_MAX_SEQ_LEN keys (session 16: the 4-tile floor cost batch-1 TPOT); chunks (decode False) and full
+    grids keep the 4-warp rule; the count never falls as the context grows."""
+    from nanocore.kernels import attention_config as ac
+    sms = 132
+    assert ac.choose_num_splits(8, 256, 64, sms, decode=True) == 4  # bf16 batch 1: s15c's 4 splits at 1 x 256
+    assert ac.choose_num_splits(8, 256, 32, sms, decode=True) == 8  # the few-programs one-byte tile: s15c's 8
+    assert ac.choose_num_splits(8, 256, 64, sms) == 1  # not a decode grid: 4 tiles are under the 4-warp rule's 8
+    assert ac.choose_num_splits(8, 300, 64, sms, decode=True) == 4  # 5 tiles: rounded down, no split left empty
+    assert ac.choose_num_splits(8, 64, 64, sms, decode=True) == 1
+    assert ac.choose_num_splits(128, 1024, 64, sms, decode=True) == 4  # 16 sequences x 8 heads: 4 per SM
+    assert ac.choose_num_splits(8, 2048, 64, sms, decode=True) == 16  # the floor of 1,024 keys (else 8)
+    assert ac.choose_num_splits(8, 16384, 64, sms, decode=True) == ac.choose_num_splits(8, 16384, 64, sms) == 64
+    assert ac.choose_num_splits(132, 512, 64, sms, decode=True) == ac.choose_num_splits(132, 512, 64, sms)
+    for programs in (8, 16, 64, 128):
+        counts = [ac.choose_num_splits(programs, n, 64, sms, decode=True) for n in range(1, 20000, 64)]
+        assert counts == sorted(counts), programs
+
+
 def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
     """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) up to FEW_PROGRAMS_MAX_SEQ_LEN take
-    FEW_PROGRAMS_DECODE_TILE (split by the 4-warp rule); longer contexts take the 1-warp tile split down to one tile
+    FEW_PROGRAMS_DECODE_TILE (split to one tile per split); longer contexts take the 1-warp tile split down to one tile
     per split; 64 sequences keep the 1-warp tile and its rule; the CPU (no SM count) and the tile override keep the
     1-warp tile; 2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
     from nanocore.kernels import attention_config as ac
@@ -78,7 +98,8 @@ def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
     small = choice(1).config
     assert (small.block_n, small.num_warps, small.num_stages) == ac.FEW_PROGRAMS_DECODE_TILE
     assert small.quant_path == "fp16_hwcvt"
-    assert choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN).splits == 8  # 32 tiles of 32 keys: 4 per split
+    assert choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN).splits == 32  # 32 tiles of 32 keys: one per split
+    assert choice(1, 256).splits == 8 and choice(1, 200).splits == 4  # rounded down: no split left empty
     long = choice(1, ac.FEW_PROGRAMS_MAX_SEQ_LEN + 1)
     assert long.config.num_warps == 1 and long.splits == 32  # 33 tiles: splits of one tile, rounded down to 32
     assert choice(1, 16384).config.num_warps == 1 and choice(1, 16384).splits == 64
@@ -162,7 +183,7 @@ def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
     monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "2")
     assert choice(1).splits == 2 and choice(1, num_seqs=64).splits == 4  # a floor, not a cap
     assert choice(2).splits == 1 and choice(1, sms=0).splits == 1 and choice(1, max_query_len=4).splits == 1
-    assert choice(1, num_seqs=1).splits == 8  # the few-programs tile keeps the 4-warp rule
+    assert choice(1, num_seqs=1).splits == 32  # the few-programs tile: one tile per split up to 1,024 keys
     one_warp = ac.AttentionConfig(16, 32, 1, 3)  # the same 1-warp tile on a bf16 cache or a 4-token chunk: no floor
     assert ac.batch_choice(1, 1024, 256, [1] * 256, [1024] * 256, False, 2, 8, 128, 2, False, 132, one_warp).splits == 1
     assert ac.batch_choice(4, 1024, 256, [4] * 256, [1024] * 256, True, 2, 8, 128, 1, False, 132, one_warp).splits == 1

@@ -30,11 +30,11 @@ def test_tiers_are_the_bounds_where_the_choice_changes(kv, max_model_len):
 
 def test_batch_one_under_a_long_max_model_len_gets_its_short_tiles():
     """The case that asked for tiers: one-byte KV at batch 1 under max_model_len 40,960 kept the 1-warp tile split 64
-    ways for every context; a 128-token context now replays the 256 tier (the 4-warp tile, 2 splits)."""
+    ways for every context; a 128-token context now replays the 256 tier (the 4-warp tile, 8 splits of one tile)."""
     shape = QWEN3_06B["one_byte"]
     assert cg.context_tiers(1, 40960, shape, H200_SMS)[:2] == [256, 1024]
     short = choice_of(WarmupBatch((1,), (256,)), shape, H200_SMS)
-    assert (short.config.num_warps, short.splits) == (4, 2)
+    assert (short.config.num_warps, short.splits) == (4, 8)
     assert cg.context_tiers(256, 40960, shape, H200_SMS) == [40960]  # enough programs: one choice at every length
     assert cg.context_tiers(1, 40960, None, H200_SMS) == [40960]
 

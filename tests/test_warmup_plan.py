@@ -95,10 +95,10 @@ def test_a_new_choice_the_plan_does_not_walk_fails_the_check(monkeypatch):
     real = attention_config.choose_num_splits
     band = range(limits.max_model_len - 100, limits.max_model_len - 40)
 
-    def odd(programs, max_seq_len, block_n, sm_count, num_warps=4):
+    def odd(programs, max_seq_len, block_n, sm_count, num_warps=4, decode=False):
         if programs == 3 * shape.num_kv_heads and max_seq_len in band:
             return 128
-        return real(programs, max_seq_len, block_n, sm_count, num_warps)
+        return real(programs, max_seq_len, block_n, sm_count, num_warps, decode)
     monkeypatch.setattr(attention_config, "choose_num_splits", odd)
     planned = {choice_of(b, shape, sms) for b in warmup_plan(limits, shape, sms)}
     assert {c.splits for c in reachable_choices(limits, shape, sms) - planned} == {128}

@@ -47,8 +47,8 @@ GROUP_K_DECODE_TILE = (64, 4, 2)
 #: - pure decode with fewer 1-warp programs than SMs until session 14 (now ``FEW_PROGRAMS_DECODE_TILE``).
 WIDE_NARROW_TILE = (128, 4, 2)
 #: Pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting: batch 1 to ~16) and contexts
-#: up to ``FEW_PROGRAMS_MAX_SEQ_LEN`` (the decode graphs' choice: their ``max_model_len``): a few programs walk their
-#: keys tile after tile, so the chain per program sets the time; 4-warp 32-key programs split by the 4-warp rule.
+#: up to ``FEW_PROGRAMS_MAX_SEQ_LEN`` (under decode graphs: their context tier): a few programs walk their keys tile
+#: after tile, so the chain per program sets the time; 4-warp 32-key programs, split down to one tile per split.
 #: H200, graph-timed per layer, GQA 2 (bf16 5.0 / 9.9 us at 1 x 128 / 1 x 1,024). Session 14 (s14b): int8 9.7 us at 1 x
 #: 1,024 (8 splits) against the 128-key tile's 15.3 and the 1-warp tile's 18.1 (4 splits of 256+ keys). Session 15
 #: (s15c, same call): at 1 x 128 this tile split 4-8 ways 6.0-6.8 us against the 1-warp tile's 7.8-8.6 at any split
@@ -200,10 +200,16 @@ def one_warp_min_splits() -> int:
     return splits
 
 
-def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4) -> int:
+def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4,
+                      decode: bool = False) -> int:
     """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding).
 
-    4-warp programs: below 2 per SM, split towards 4 per SM. 1-warp programs (H200 sweep, session 7, one-byte
+    4-warp programs: below 2 per SM, split towards 4 per SM, each split 4+ tiles; a decode grid (``decode``: one q
+    tile per sequence) of fewer programs than SMs splits at least as many ways as one-tile splits of its first
+    ``FEW_PROGRAMS_MAX_SEQ_LEN`` keys (rounded down to a power of two; a floor that only grows with the length, so
+    the warm-up's walk over lengths holds): at batch 1 the chain of tiles per program sets the time (H200,
+    TPOT 128 / 128, 4 / 8 splits at 1 x 256 keys in s15c: bf16 1.467 ms, k_int8_v_fp8 1.515; the 4-tile floor's 1 / 2
+    splits in s16b: 1.519 / 1.590). 1-warp programs (H200 sweep, session 7, one-byte
     decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran fastest with 4 splits, 1,024 and
     more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6 programs per SM, else 16 per SM
     rounded down to a power of two, each split 256+ keys; with fewer programs than SMs (batch 1 to ~16 past
@@ -221,10 +227,15 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
         min_keys = block_n if programs < sm_count else 256
         splits = min(16 * sm_count // programs, tiles * block_n // min_keys, 64)
         return 1 << (splits.bit_length() - 1) if splits > 1 else 1
+    floor = 1
+    if decode and programs < sm_count:  # one-tile splits of the first FEW_PROGRAMS_MAX_SEQ_LEN keys: grows with length
+        short_tiles = triton.cdiv(min(max_seq_len, FEW_PROGRAMS_MAX_SEQ_LEN), block_n)
+        floor = min(triton.cdiv(4 * sm_count, programs), short_tiles, 64)
+        floor = 1 << (floor.bit_length() - 1) if floor > 1 else 1
     if programs >= 2 * sm_count or tiles < 8:
-        return 1
+        return floor
     splits = min(triton.cdiv(4 * sm_count, programs), tiles // 4, 64)
-    return triton.next_power_of_2(splits) if splits > 1 else 1
+    return max(floor, triton.next_power_of_2(splits) if splits > 1 else 1)
 
 
 @dataclass(frozen=True)
@@ -266,7 +277,8 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
         q_tiles = num_seqs  # decode grids: one program per row, padded rows of a graph bucket included
         if num_q_tiles > 1:
             q_tiles = sum(-(-n // block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
-        splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps)
+        splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps,
+                                   decode=num_q_tiles == 1)
         if cfg.num_warps == 1 and kv_itemsize == 1 and max_query_len <= 1:
             splits = max(splits, one_warp_min_splits())
     return AttentionChoice(cfg, fresh, cached, splits)
