@@ -109,7 +109,9 @@ def profile_decode(llm, batch_size: int, context_len: int, steps: int) -> dict:
     row["other_host_ms"] = row["step_ms"] - sum(1e3 * v / steps for v in totals.values())
     row.update(walls)
     if runner.decode_graphs is not None:
-        key = runner.decode_graphs.graph_key(batch_size, context_len + 1)  # the tier of the first decode step
+        # the first decode step's tier (the timed steps may reach the next); replayed on the last step's buffers
+        key = runner.decode_graphs.graph_key(batch_size, context_len + 1)
+        row["graph_key"] = list(key)
         row["graph_replay_gpu_ms"] = replay_ms(runner.decode_graphs, key)
     return row
 

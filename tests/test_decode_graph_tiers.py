@@ -60,7 +60,7 @@ def fake_graphs(monkeypatch, max_model_len: int) -> tuple[cg.DecodeGraphs, list]
 
 
 @pytest.mark.parametrize("lens, key", [([128], (1, 256)), ([300], (1, 1024)), ([1025], (1, 40960)),
-                                       ([40960], (1, 40960)), ([5, 256, 7], (4, 256))])
+                                       ([40960], (1, 40960)), ([5, 256, 7], (4, 256)), ([5, 300], (2, 1024))])
 def test_a_step_replays_the_smallest_tier_that_holds_its_longest_context(monkeypatch, lens, key):
     from nanocore.layers.attention import AttentionMetadata
     graphs, replayed = fake_graphs(monkeypatch, 40960)
@@ -74,6 +74,40 @@ def test_a_step_replays_the_smallest_tier_that_holds_its_longest_context(monkeyp
     graphs.run(torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.int64), meta)
     assert replayed == [key]
     assert graphs._meta(*key).max_seq_len == key[1]  # the graph was captured at the tier's length
+
+
+def test_each_graph_is_captured_at_its_tier(monkeypatch):
+    """Capture runs the model once eagerly and once in the graph per (bucket, tier), largest first, with the tier as
+    the metadata's max_seq_len (what freezes attention's launch choice). CUDA's graph API stubbed: runs on the CPU."""
+    seen = []
+
+    class Model:
+        def forward(self, input_ids, positions, meta):
+            seen.append((input_ids.shape[0], meta.max_seq_len))
+            return torch.zeros(input_ids.shape[0], 4)
+
+    class Graph:
+        pass
+
+    class Capture:
+        def __init__(self, graph, pool=None):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", Graph)
+    monkeypatch.setattr(torch.cuda, "graph", Capture)
+    monkeypatch.setattr(cg, "context_tiers", lambda bs, max_model_len, shape, sms: [256, max_model_len] if bs < 4
+                        else [max_model_len])
+    graphs = cg.DecodeGraphs(Model(), None, None, 8, 2048, 16, torch.device("cpu"), shape=QWEN3_06B["one_byte"])
+    keys = [(8, 2048), (4, 2048), (2, 2048), (2, 256), (1, 2048), (1, 256)]
+    assert seen == [k for k in keys for _ in range(2)]  # the eager warm-up, then the capture
+    assert sorted(graphs.graphs) == sorted(keys) == sorted(graphs.outputs)
 
 
 @pytest.mark.cuda

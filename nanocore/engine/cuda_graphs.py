@@ -83,7 +83,8 @@ class DecodeGraphs:
         return AttentionMetadata(
             slot_mapping=self.slot_mapping[:bs], query_start_loc=self.query_start_loc[:bs + 1],
             seq_lens=self.seq_lens[:bs], block_tables=self.block_tables[:bs],
-            max_query_len=1, max_seq_len=tier or self.max_model_len, kv_caches=self.kv_caches, codec=self.codec,
+            max_query_len=1, max_seq_len=self.max_model_len if tier is None else tier, kv_caches=self.kv_caches,
+            codec=self.codec,
             decode_order=self.decode_order[:bs] if self.decode_order is not None else None)
 
     @torch.inference_mode()
