@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16a..s16c.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16a..s16c, and s17a (queued).
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -639,6 +639,26 @@ s16c)  # session 16 (issue 17, <= 560 s): the KV-bound workload with the current
     timeout 130 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
       --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
     echo "kv-bound $c exit $?"; tail -3 $o/kv_bound_$c.log | cut -c1-160; pack
+  done ;;
+s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after its last call. The few-program decode
+  # grids' one-tile splits (choose_num_splits(decode=True)) with the context tiers: the attention and tiers cuda tests,
+  # TPOT 128 / 128 at max_model_len 2,048 and 40,960 (s16b: 1.047x / 1.054x with the 4-tile floor), then the
+  # Nano-vLLM `bench throughput` pair (the last bench figure, 1.004x, is s15a's, before the tiers)
+  o=/tmp/s17a; mkdir -p $o; pack() { tar -czf "$out/s17a.tgz" -C $o . ; }
+  timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_decode_graph_tiers.py \
+    tests/test_kernels_attention_cuda.py >$o/tests.log 2>&1
+  rc=$?; echo "tests exit $rc"; tail -8 $o/tests.log; pack
+  [ $rc = 0 ] || return
+  for run in "unquantized 2048" "k_int8_v_fp8 2048" "unquantized 40960" "k_int8_v_fp8 40960"; do
+    set -- $run; tag=$1_$2
+    timeout 75 $N -v bench latency $Q06 --max-num-seqs 8 --max-model-len $2 --kv-codec $1 \
+      --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
+    echo "latency $run exit $?"; tail -2 $o/latency_$tag.log | cut -c1-160; pack
+  done
+  for c in unquantized k_int8_v_fp8; do
+    timeout 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c \
+      --json $o/throughput_qwen3_0.6b_$c.json >$o/throughput_$c.log 2>&1
+    echo "throughput $c exit $?"; tail -2 $o/throughput_$c.log | cut -c1-160; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
