@@ -68,13 +68,14 @@ def test_one_byte_decode_tile_and_its_split_rule():
 def test_few_program_decode_grids_split_to_one_tile_at_short_contexts():
     """4-warp decode grids of fewer programs than SMs split at least as many ways as one-tile splits of the first
     FEW_PROGRAMS_MAX_SEQ_LEN keys (session 16: the 4-tile floor cost batch-1 TPOT); chunks (decode False) and full
-    grids keep the 4-warp rule; the count never falls as the context grows."""
+    grids keep the 4-warp rule; the count never falls as the context grows. batch_choice passes decode for one-token
+    rows only: a 4-token chunk in one q tile keeps the rule."""
     from nanocore.kernels import attention_config as ac
     sms = 132
     assert ac.choose_num_splits(8, 256, 64, sms, decode=True) == 4  # bf16 batch 1: s15c's 4 splits at 1 x 256
     assert ac.choose_num_splits(8, 256, 32, sms, decode=True) == 8  # the few-programs one-byte tile: s15c's 8
     assert ac.choose_num_splits(8, 256, 64, sms) == 1  # not a decode grid: 4 tiles are under the 4-warp rule's 8
-    assert ac.choose_num_splits(8, 300, 64, sms, decode=True) == 4  # 5 tiles: rounded down, no split left empty
+    assert ac.choose_num_splits(8, 300, 64, sms, decode=True) == 4  # 5 tiles: rounded down (split_range: 2, 2, 1, 0)
     assert ac.choose_num_splits(8, 64, 64, sms, decode=True) == 1
     assert ac.choose_num_splits(128, 1024, 64, sms, decode=True) == 4  # 16 sequences x 8 heads: 4 per SM
     assert ac.choose_num_splits(8, 2048, 64, sms, decode=True) == 16  # the floor of 1,024 keys (else 8)
@@ -83,6 +84,11 @@ def test_few_program_decode_grids_split_to_one_tile_at_short_contexts():
     for programs in (8, 16, 64, 128):
         counts = [ac.choose_num_splits(programs, n, 64, sms, decode=True) for n in range(1, 20000, 64)]
         assert counts == sorted(counts), programs
+
+    def splits(max_query_len):
+        return ac.batch_choice(max_query_len, 1024, 1, [max_query_len], [1024], max_query_len > 1, 2, 8, 128, 2, False,
+                               sms).splits
+    assert splits(1) == 16 and splits(4) == 4  # the 4-token chunk: one q tile, still the 4-warp rule's 4
 
 
 def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):

@@ -204,8 +204,8 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
                       decode: bool = False) -> int:
     """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding).
 
-    4-warp programs: below 2 per SM, split towards 4 per SM, each split 4+ tiles; a decode grid (``decode``: one q
-    tile per sequence) of fewer programs than SMs splits at least as many ways as one-tile splits of its first
+    4-warp programs: below 2 per SM, split towards 4 per SM, each split 4+ tiles; a pure decode grid (``decode``: one
+    token per sequence) of fewer programs than SMs splits at least as many ways as one-tile splits of its first
     ``FEW_PROGRAMS_MAX_SEQ_LEN`` keys (rounded down to a power of two; a floor that only grows with the length, so
     the warm-up's walk over lengths holds): at batch 1 the chain of tiles per program sets the time (H200,
     TPOT 128 / 128, 4 / 8 splits at 1 x 256 keys in s15c: bf16 1.467 ms, k_int8_v_fp8 1.515; the 4-tile floor's 1 / 2
@@ -278,7 +278,7 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
         if num_q_tiles > 1:
             q_tiles = sum(-(-n // block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
         splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps,
-                                   decode=num_q_tiles == 1)
+                                   decode=max_query_len <= 1)  # pure decode: chunks of a few tokens keep the rule
         if cfg.num_warps == 1 and kv_itemsize == 1 and max_query_len <= 1:
             splits = max(splits, one_warp_min_splits())
     return AttentionChoice(cfg, fresh, cached, splits)
