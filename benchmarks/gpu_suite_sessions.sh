@@ -659,6 +659,12 @@ s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after 
     timeout 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c \
       --json $o/throughput_qwen3_0.6b_$c.json >$o/throughput_$c.log 2>&1
     echo "throughput $c exit $?"; tail -2 $o/throughput_$c.log | cut -c1-160; pack
+  done
+  # last, the first to drop: batch 1 at ~2K context, where bf16's floor went from 8 to 16 splits (unmeasured)
+  for c in unquantized k_int8_v_fp8; do
+    timeout 60 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 4096 --prompt-len 1920 --kv-codec $c \
+      --json $o/latency_${c}_1920.json >$o/latency_${c}_1920.log 2>&1
+    echo "latency 1920 $c exit $?"; tail -2 $o/latency_${c}_1920.log | cut -c1-160; pack
   done ;;
 *) echo "unknown section $1" ;;
 esac
