@@ -200,6 +200,11 @@ def one_warp_min_splits() -> int:
     return splits
 
 
+def _pow2_at_most(n: int) -> int:
+    """The largest power of two <= ``n`` (1 for n < 2): a split count that leaves no split without a tile to start."""
+    return 1 << (n.bit_length() - 1) if n > 1 else 1
+
+
 def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: int, num_warps: int = 4,
                       decode: bool = False) -> int:
     """Split the KV range when the grid would not fill the GPU and contexts are long (flash-decoding).
@@ -226,12 +231,11 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
         # ran fastest at 64 splits, 4K and 16K)
         min_keys = block_n if programs < sm_count else 256
         splits = min(16 * sm_count // programs, tiles * block_n // min_keys, 64)
-        return 1 << (splits.bit_length() - 1) if splits > 1 else 1
+        return _pow2_at_most(splits)
     floor = 1
     if decode and programs < sm_count:  # one-tile splits of the first FEW_PROGRAMS_MAX_SEQ_LEN keys: grows with length
         short_tiles = triton.cdiv(min(max_seq_len, FEW_PROGRAMS_MAX_SEQ_LEN), block_n)
-        floor = min(triton.cdiv(4 * sm_count, programs), short_tiles, 64)
-        floor = 1 << (floor.bit_length() - 1) if floor > 1 else 1
+        floor = _pow2_at_most(min(triton.cdiv(4 * sm_count, programs), short_tiles, 64))
     if programs >= 2 * sm_count or tiles < 8:
         return floor
     splits = min(triton.cdiv(4 * sm_count, programs), tiles // 4, 64)
