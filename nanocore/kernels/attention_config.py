@@ -201,7 +201,7 @@ def one_warp_min_splits() -> int:
 
 
 def _pow2_at_most(n: int) -> int:
-    """The largest power of two <= ``n`` (1 for n < 2): a split count that leaves no split without a tile to start."""
+    """The largest power of two <= ``n`` (1 for n < 2): split counts never exceed the tiles they share."""
     return 1 << (n.bit_length() - 1) if n > 1 else 1
 
 
