@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16a..s16c, and s17a (queued).
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, and s17a (queued).
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -585,38 +585,15 @@ s15c)  # issue 17 (<= 330 s; session 14's tile last, the first to drop if the de
       --max-model-len $3 --prompt-len $4 --kv-codec $1 --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
     echo "latency $run exit $?"; tail -2 $o/latency_$tag.log | cut -c1-160; pack
   done ;;
-s16a)  # next session first (issue 17, <= 560 s): what session 15 left unmeasured. ncu of the current batch-1 config at
-  # 1 x 16K (the 1-warp tile split 64 ways; s15a profiled session 14's tile); the throughput pass step by step with the
-  # longest-first grids (s15a: 1.004x where the kernel predicts more); TPOT 128 / 128 at max_model_len 2,048 (the
-  # 1-warp few-programs tile's first engine run below 16K) with bf16, the default and session 14's 32/4/3; the
-  # KV-bound pair last (~250 s; its last figure is session 11's)
-  o=/tmp/s16a; mkdir -p $o; pack() { tar -czf "$out/s16a.tgz" -C $o . ; }
-  for spec in "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
-    ncu_decode_probe $o $spec; pack
-  done
-  for c in unquantized k_int8_v_fp8; do
-    timeout 110 python3 -m benchmarks.throughput_timeline --kv-codec $c --json $o/timeline_$c.json >$o/timeline_$c.log 2>&1
-    echo "timeline $c exit $?"; grep -v "^wrote" $o/timeline_$c.log | head -14; pack
-  done
-  for run in "unquantized default" "k_int8_v_fp8 default" "k_int8_v_fp8 32/4/3"; do
-    set -- $run; tag=$1_${2//\//_}
-    NANOCORE_ATTN_DECODE_TILE=$([ $2 = default ] || echo $2) timeout 50 $N bench latency $Q06 --max-num-seqs 8 \
-      --max-model-len 2048 --kv-codec $1 --json $o/latency_2048_$tag.json >$o/latency_2048_$tag.log 2>&1
-    echo "latency 2048 $run exit $?"; tail -2 $o/latency_2048_$tag.log | cut -c1-160; pack
-  done
-  for c in unquantized k_int8_v_fp8; do
-    timeout 130 $N bench throughput --workload kv-bound --model dummy:Llama-3.1-8B --device cuda --dtype bfloat16 \
-      --warmup one --kv-codec $c --json $o/throughput_kv_bound_llama3.1_8b_$c.json >$o/kv_bound_$c.log 2>&1
-    echo "kv-bound $c exit $?"; tail -3 $o/kv_bound_$c.log | cut -c1-160; pack
-  done ;;
 s16b)  # session 16 (issue 17, <= 560 s): decode graphs per context tier. Their cuda tests first (a failure ends the
-  # section: then s16a, the code before them, is the call to make); TPOT 128 / 128 at max_model_len 40,960 (the
+  # section); TPOT 128 / 128 at max_model_len 40,960 (the
   # model's own: short contexts ran the 64-split tiles) and 2,048, bf16 / k_int8_v_fp8; ncu of the 1 x 16K config;
-  # the throughput pass step by step (longest-first grids, tiered graphs)
-  # (the first s16b call also ran tests/test_gpu_engine.py tests/test_kernel_warmup_gpu.py: passed; S16B_MORE_TESTS adds them)
+  # the throughput pass step by step (longest-first grids, tiered graphs). The first s16b call also ran
+  # tests/test_gpu_engine.py and tests/test_kernel_warmup_gpu.py (passed). s16a, its predecessor on the code before the
+  # tiers, never ran and is gone (git show f139a21:benchmarks/gpu_suite_sessions.sh)
   o=/tmp/s16b; mkdir -p $o; pack() { tar -czf "$out/s16b.tgz" -C $o . ; }
   timeout 200 python3 -m pytest -q -m cuda -rf --tb=short tests/test_decode_graph_tiers.py tests/test_decode_order.py \
-    $S16B_MORE_TESTS >$o/tests.log 2>&1
+    >$o/tests.log 2>&1
   rc=$?; echo "tests exit $rc"; tail -15 $o/tests.log; pack
   [ $rc = 0 ] || return
   for run in "unquantized 40960" "k_int8_v_fp8 40960" "unquantized 2048" "k_int8_v_fp8 2048"; do
