@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, and s17a (queued).
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b.
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -643,6 +643,23 @@ s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after 
       --json $o/latency_${c}_1920.json >$o/latency_${c}_1920.log 2>&1
     echo "latency 1920 $c exit $?"; tail -2 $o/latency_${c}_1920.log | cut -c1-160; pack
   done ;;
+s17b)  # session 17 (~250 s on a warm machine): the few-program one-tile split floor (4dc65b6) against the rule before it,
+  # same call: batch-1 TPOT with the floor (as shipped) and without (batch_choice passing decode=False, edited in place
+  # for the run and restored), bf16 and k_int8_v_fp8, 128 tokens at max_model_len 2,048 and 1,920 at 4,096
+  o=/tmp/s17b; mkdir -p $o; pack() { tar -czf "$out/s17b.tgz" -C $o . ; }
+  f=nanocore/kernels/attention_config.py; cp $f /tmp/attention_config.py.orig
+  for run in "unquantized 128 2048" "k_int8_v_fp8 128 2048" "unquantized 1920 4096" "k_int8_v_fp8 1920 4096"; do
+    set -- $run
+    for rule in floor nofloor; do
+      cp /tmp/attention_config.py.orig $f
+      [ $rule = nofloor ] && sed -i 's/decode=max_query_len <= 1)/decode=False)/' $f
+      tag=$1_$2_$rule
+      timeout 75 $N bench latency $Q06 --max-num-seqs 8 --max-model-len $3 --prompt-len $2 --kv-codec $1 \
+        --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
+      echo "latency $run $rule exit $? ($(grep -c 'decode=False' $f) edits)"; tail -2 $o/latency_$tag.log | cut -c1-160; pack
+    done
+  done
+  cp /tmp/attention_config.py.orig $f ;;
 *) echo "unknown section $1" ;;
 esac
 }
