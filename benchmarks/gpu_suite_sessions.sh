@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b, s17c.
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -13,6 +13,26 @@ ncu_decode_probe() {
     --kv-heads $5 >$o/ncu_$tag.log 2>&1
   echo "ncu $tag exit $?"; ncu -i $o/ncu_$tag.ncu-rep --page details --csv >$o/ncu_$tag.details.csv 2>&1
   rm -f $o/ncu_$tag.ncu-rep
+}
+
+# batch-1 TPOT with the one-tile split floor (as shipped) and without (batch_choice passing decode=False, edited in
+# place for the run and restored), same call: floor_ab NAME "CODEC PROMPT_LEN MAX_MODEL_LEN" ...  (into $out/NAME.tgz)
+floor_ab() {
+  local o=/tmp/$1 f=nanocore/kernels/attention_config.py run rule tag; shift; mkdir -p $o
+  cp $f /tmp/attention_config.py.orig
+  for run in "$@"; do
+    set -- $run
+    for rule in floor nofloor; do
+      cp /tmp/attention_config.py.orig $f
+      [ $rule = nofloor ] && sed -i 's/decode=max_query_len <= 1)/decode=False)/' $f
+      tag=$1_$2_$rule
+      timeout 75 $N bench latency $Q06 --max-num-seqs 8 --max-model-len $3 --prompt-len $2 --kv-codec $1 \
+        --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
+      echo "latency $run $rule exit $? ($(grep -c 'decode=False' $f) edits)"; tail -2 $o/latency_$tag.log | cut -c1-160
+      tar -czf "$out/$(basename $o).tgz" -C $o .
+    done
+  done
+  cp /tmp/attention_config.py.orig $f
 }
 
 session_section() {
@@ -646,20 +666,10 @@ s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after 
 s17b)  # session 17 (~250 s on a warm machine): the few-program one-tile split floor (4dc65b6) against the rule before it,
   # same call: batch-1 TPOT with the floor (as shipped) and without (batch_choice passing decode=False, edited in place
   # for the run and restored), bf16 and k_int8_v_fp8, 128 tokens at max_model_len 2,048 and 1,920 at 4,096
-  o=/tmp/s17b; mkdir -p $o; pack() { tar -czf "$out/s17b.tgz" -C $o . ; }
-  f=nanocore/kernels/attention_config.py; cp $f /tmp/attention_config.py.orig
-  for run in "unquantized 128 2048" "k_int8_v_fp8 128 2048" "unquantized 1920 4096" "k_int8_v_fp8 1920 4096"; do
-    set -- $run
-    for rule in floor nofloor; do
-      cp /tmp/attention_config.py.orig $f
-      [ $rule = nofloor ] && sed -i 's/decode=max_query_len <= 1)/decode=False)/' $f
-      tag=$1_$2_$rule
-      timeout 75 $N bench latency $Q06 --max-num-seqs 8 --max-model-len $3 --prompt-len $2 --kv-codec $1 \
-        --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
-      echo "latency $run $rule exit $? ($(grep -c 'decode=False' $f) edits)"; tail -2 $o/latency_$tag.log | cut -c1-160; pack
-    done
-  done
-  cp /tmp/attention_config.py.orig $f ;;
+  floor_ab s17b "unquantized 128 2048" "k_int8_v_fp8 128 2048" "unquantized 1920 4096" "k_int8_v_fp8 1920 4096" ;;
+s17c)  # session 17: the same where the floor changes the graphs' splits past the 256 tier (max_model_len 2,048: bf16
+  # 16 splits for 257-2,048 keys instead of 4 / 8, the codec's 4-warp tile 32 instead of 8 at 257-1,024)
+  floor_ab s17c "unquantized 768 2048" "k_int8_v_fp8 768 2048" "unquantized 1792 2048" ;;
 *) echo "unknown section $1" ;;
 esac
 }
