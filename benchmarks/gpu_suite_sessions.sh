@@ -642,7 +642,7 @@ s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after 
   # TPOT 128 / 128 at max_model_len 2,048 and 40,960 (s16b: 1.047x / 1.054x with the 4-tile floor), then the
   # Nano-vLLM `bench throughput` pair (the last bench figure, 1.004x, is s15a's, before the tiers)
   o=/tmp/s17a; mkdir -p $o; pack() { tar -czf "$out/s17a.tgz" -C $o . ; }
-  timeout 150 python3 -m pytest -q -m cuda -rf --tb=short tests/test_decode_graph_tiers.py \
+  timeout 300 python3 -m pytest -q -m cuda -rf --tb=short tests/test_decode_graph_tiers.py \
     tests/test_kernels_attention_cuda.py >$o/tests.log 2>&1
   rc=$?; echo "tests exit $rc"; tail -8 $o/tests.log; pack
   [ $rc = 0 ] || return
