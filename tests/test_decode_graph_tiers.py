@@ -42,7 +42,7 @@ def test_batch_one_under_a_long_max_model_len_gets_its_short_tiles():
 def fake_graphs(monkeypatch, max_model_len: int) -> tuple[cg.DecodeGraphs, list]:
     """DecodeGraphs of the Qwen3-0.6B one-byte shape on the CPU: replays record their (bucket, tier)."""
     monkeypatch.setattr(cg.DecodeGraphs, "_capture_all", lambda self, device: None)
-    graphs = cg.DecodeGraphs(None, None, None, 16, max_model_len, 16, torch.device("cpu"),
+    graphs = cg.DecodeGraphs(None, None, None, 16, max_model_len, 16, torch.device("cpu"), "batch",
                              shape=QWEN3_06B["one_byte"])  # a CPU device: no SMs, so the tiers are set below
     graphs.tiers = {bs: cg.context_tiers(bs, max_model_len, QWEN3_06B["one_byte"], H200_SMS) for bs in graphs.buckets}
     replayed = []
@@ -104,7 +104,8 @@ def test_each_graph_is_captured_at_its_tier(monkeypatch):
     monkeypatch.setattr(torch.cuda, "graph", Capture)
     monkeypatch.setattr(cg, "context_tiers", lambda bs, max_model_len, shape, sms: [256, max_model_len] if bs < 4
                         else [max_model_len])
-    graphs = cg.DecodeGraphs(Model(), None, None, 8, 2048, 16, torch.device("cpu"), shape=QWEN3_06B["one_byte"])
+    graphs = cg.DecodeGraphs(Model(), None, None, 8, 2048, 16, torch.device("cpu"), "batch",
+                             shape=QWEN3_06B["one_byte"])
     keys = [(8, 2048), (4, 2048), (2, 2048), (2, 256), (1, 2048), (1, 256)]
     assert seen == [k for k in keys for _ in range(2)]  # the eager warm-up, then the capture
     assert sorted(graphs.graphs) == sorted(keys) == sorted(graphs.outputs)

@@ -111,7 +111,7 @@ def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
     _, _, meta = batch_inputs(WarmupBatch((1, 1, 1), (5, 50, 7)), None, None, 16, cpu, runner.decode_order)
     assert meta.decode_order.tolist() == [1, 2, 0]
     assert batch_inputs(WarmupBatch((4, 1), (5, 50)), None, None, 16, cpu, "longest_first")[2].decode_order is None
-    assert batch_inputs(WarmupBatch((1, 1), (5, 50)), None, None, 16, cpu)[2].decode_order is None
+    assert batch_inputs(WarmupBatch((1, 1), (5, 50)), None, None, 16, cpu, "batch")[2].decode_order is None
 
 
 def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):

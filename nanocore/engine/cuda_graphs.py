@@ -56,8 +56,9 @@ def context_tiers(bs: int, max_model_len: int, shape: AttentionShape | None, sms
 
 class DecodeGraphs:
     def __init__(self, model, kv_caches, codec, max_num_seqs: int, max_model_len: int, block_size: int,
-                 device: torch.device, decode_order: str = "batch", shape: AttentionShape | None = None):
-        """``shape``: the model's attention shape, for the context tiers (None: one graph per bucket)."""
+                 device: torch.device, decode_order: str, shape: AttentionShape | None = None):
+        """``decode_order``: the runner's (``decode_order_mode``), no default, so graphs and steps cannot disagree;
+        ``shape``: the model's attention shape, for the context tiers (None: one graph per bucket)."""
         self.model = model
         self.buckets = decode_buckets(max_num_seqs)
         self.max_model_len = max_model_len
@@ -134,7 +135,7 @@ class DecodeGraphs:
 
 
 def capture_graphs(config: EngineConfig, model, kv_caches, codec: KVCodec, max_model_len: int, device: torch.device,
-                   dtype: torch.dtype, decode_order: str = "batch"):
+                   dtype: torch.dtype, decode_order: str):
     """(DecodeGraphs, PiecewiseGraphs) for a CUDA device unless eager; either may be None."""
     if device.type != "cuda" or config.enforce_eager:
         return None, None

@@ -31,8 +31,7 @@ def attention_shape(model: torch.nn.Module, codec, dtype: torch.dtype) -> Attent
                           layout.k_scale == "group")
 
 
-def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: torch.device,
-                 decode_order: str = "batch"):
+def batch_inputs(batch: WarmupBatch, kv_caches, codec, block_size: int, device: torch.device, decode_order: str):
     """(input_ids, positions, metadata) of ``batch``: no KV stored, every page of every table is block 0;
     ``decode_order`` as the runner's (its decode steps' grid variant)."""
     q, s = list(batch.query_lens), list(batch.seq_lens)
