@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b, s17c.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b, s17c, s17e.
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -670,6 +670,15 @@ s17b)  # session 17 (~250 s on a warm machine): the few-program one-tile split f
 s17c)  # session 17: the same where the floor changes the graphs' splits past the 256 tier (max_model_len 2,048: bf16
   # 16 splits for 257-2,048 keys instead of 4 / 8, the codec's 4-warp tile 32 instead of 8 at 257-1,024)
   floor_ab s17c "unquantized 768 2048" "k_int8_v_fp8 768 2048" "unquantized 1792 2048" ;;
+s17e)  # session 17's last call (~210 s): Python GC pauses in the Nano-vLLM `bench throughput` pass (session 16's one
+  # ~250 ms host stall per pass), bf16 as is and with the heap frozen after the engine is built, then the codec
+  o=/tmp/s17e; mkdir -p $o; pack() { tar -czf "$out/s17e.tgz" -C $o . ; }
+  for run in "unquantized no" "unquantized yes" "k_int8_v_fp8 yes" "k_int8_v_fp8 no"; do
+    set -- $run; tag=$1_freeze_$2; freeze=; [ $2 = yes ] && freeze=--freeze
+    timeout 75 python3 -m benchmarks.gc_pauses $o/gc_$tag.json $freeze -- bench throughput $Q06 --max-model-len 2048 \
+      --kv-codec $1 --json $o/throughput_$tag.json >$o/throughput_$tag.log 2>&1
+    echo "throughput $run exit $?"; grep -a "gc_pauses\|^dummy" $o/throughput_$tag.log | cut -c1-200; pack
+  done ;;
 *) echo "unknown section $1" ;;
 esac
 }
