@@ -8,6 +8,7 @@ from tqdm.auto import tqdm
 
 from nanocore.config import EngineConfig
 from nanocore.engine.detokenizer import chat_prompt_ids
+from nanocore.engine.heap import frozen_heap
 from nanocore.engine.llm_engine import LLMEngine
 from nanocore.engine.outputs import EngineStats, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
@@ -73,13 +74,14 @@ class LLM:
                    dynamic_ncols=True)
         start, generated_before = time.perf_counter(), self.engine.stats.num_generated_tokens
         try:
-            while self.engine.has_unfinished_requests():
-                for output in self.engine.step():
-                    results[output.request_id] = output
-                    bar.update(1)
-                elapsed = time.perf_counter() - start
-                bar.set_postfix_str(f"{(self.engine.stats.num_generated_tokens - generated_before) / elapsed:.1f} out tok/s",
-                                    refresh=False)
+            with frozen_heap():  # no full GC scan of the model's heap mid-batch
+                while self.engine.has_unfinished_requests():
+                    for output in self.engine.step():
+                        results[output.request_id] = output
+                        bar.update(1)
+                    elapsed = time.perf_counter() - start
+                    bar.set_postfix_str(f"{(self.engine.stats.num_generated_tokens - generated_before) / elapsed:.1f} "
+                                        "out tok/s", refresh=False)
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort_request(request_id)

@@ -16,6 +16,7 @@ from collections import deque
 
 import torch
 
+from nanocore.engine.heap import frozen_heap
 from nanocore.engine.llm import LLM
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.serve.delivery import LoopSink, RequestStream, check_admission
@@ -123,15 +124,16 @@ class AsyncEngine:
         try:
             if self._cuda_index is not None:
                 torch.cuda.set_device(self._cuda_index)
-            while not self._stop:
-                applied = self._apply_commands()
-                if not self.engine.has_unfinished_requests():
-                    if applied:  # an abort on an idle engine frees blocks: /metrics sees it (a step records itself)
-                        self.metrics.record_step(self.engine, self._num_waiting)
-                    self._wake.wait(IDLE_WAIT_S)
-                    self._wake.clear()
-                    continue
-                self._step()
+            with frozen_heap():  # the server's lifetime: no full GC scan of the model's heap between steps
+                while not self._stop:
+                    applied = self._apply_commands()
+                    if not self.engine.has_unfinished_requests():
+                        if applied:  # an abort on an idle engine frees blocks: /metrics sees it (a step records it)
+                            self.metrics.record_step(self.engine, self._num_waiting)
+                        self._wake.wait(IDLE_WAIT_S)
+                        self._wake.clear()
+                        continue
+                    self._step()
         except Exception:  # a bug in the loop itself: say so, and answer every request instead of hanging
             logger.exception("the engine loop stopped")
         finally:

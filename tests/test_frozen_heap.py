@@ -1,0 +1,80 @@
+"""Generation loops run with the startup heap frozen out of the cyclic GC's full scans (nanocore/engine/heap.py)."""
+from __future__ import annotations
+
+import gc
+import sys
+import weakref
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from serve_fixtures import running_server, tiny_llm  # noqa: E402
+from nanocore.bench.latency import one_request_timeline  # noqa: E402
+from nanocore.engine.heap import frozen_heap  # noqa: E402
+from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
+
+
+def record_freeze_counts(llm) -> list[int]:
+    """The process's frozen-object count at every engine step of ``llm`` (patched on the instance)."""
+    counts, step = [], llm.engine.step
+
+    def counting_step():
+        counts.append(gc.get_freeze_count())
+        return step()
+
+    llm.engine.step = counting_step
+    return counts
+
+
+def test_frozen_for_the_loop_then_unfrozen_and_nested_loops_keep_it():
+    assert gc.get_freeze_count() == 0, "the test process froze its heap: these checks need an unfrozen one"
+    with frozen_heap():
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        with frozen_heap():
+            assert gc.get_freeze_count() == frozen
+        assert gc.get_freeze_count() == frozen  # the inner loop did not unfreeze the outer one's heap
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_heap_the_process_froze_or_a_disabled_gc_is_left_alone():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        with frozen_heap():
+            pass
+        assert gc.get_freeze_count() == frozen  # not unfrozen by us
+    finally:
+        gc.unfreeze()
+    gc.disable()
+    try:
+        with frozen_heap():
+            assert gc.get_freeze_count() == 0
+    finally:
+        gc.enable()
+
+
+def test_generate_and_the_latency_bench_step_with_the_heap_frozen_and_the_engine_is_still_collected():
+    llm = tiny_llm()
+    llm.engine.itself = llm.engine  # a reference cycle (session 16's tiers test made one): only the GC frees it
+    counts = record_freeze_counts(llm)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
+    counts.clear()
+    one_request_timeline(llm.engine, [4, 5, 6], 4)
+    assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
+    engine = weakref.ref(llm.engine)
+    del llm, counts
+    gc.collect()
+    assert engine() is None  # unfrozen after the loop: an engine in reference cycles is still freed
+
+
+def test_the_server_loop_steps_with_the_heap_frozen_until_it_stops():
+    llm = tiny_llm()
+    counts = record_freeze_counts(llm)
+    with running_server(llm, served_model_name="tiny") as (url, _):
+        reply = httpx.post(f"{url}/v1/completions", json={"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 4,
+                                                          "ignore_eos": True}, timeout=60)
+        assert reply.status_code == 200, reply.text
+    assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
