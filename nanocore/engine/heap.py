@@ -8,7 +8,7 @@ from typing import Iterator
 
 @contextmanager
 def frozen_heap() -> Iterator[None]:
-    """``gc.freeze()`` for the loop's duration, ``gc.unfreeze()`` after (vLLM freezes its engine process's startup heap).
+    """``gc.freeze()`` for the loop's duration, ``gc.unfreeze()`` after (vLLM freezes its engine process's heap).
 
     A full (generation-2) collection scans every tracked object: with a model, its kernels and CUDA graphs built that is
     ~440K objects, and on the H200 one such collection took 275 ms inside a 5.6 s `bench throughput` pass (session 17,
