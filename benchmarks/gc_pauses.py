@@ -52,16 +52,23 @@ def main() -> int:
         LLMEngine.__init__ = init_then_freeze
     from nanocore.cli.main import main as cli_main
 
-    rc = cli_main(cli)
-    end_s = time.perf_counter() - t0  # a bench's timed pass is its last seconds before this
+    rc = 1
+    try:
+        rc = cli_main(cli)
+    finally:  # a failed or interrupted command still reports the pauses it had
+        write_report(args, cli, pauses, time.perf_counter() - t0)
+    return rc
+
+
+def write_report(args, cli: list[str], pauses: list[dict], end_s: float) -> None:
+    """``end_s``: seconds from start to the command's return (a bench's timed pass is its last seconds)."""
     big = [x for x in pauses if x["generation"] == 2]
-    with open(args.out, "w") as f:
+    with open(args.out, "w") as f:  # objects_tracked_at_end leaves out the frozen ones (see "frozen")
         json.dump({"argv": cli, "freeze": args.freeze, "objects_tracked_at_end": len(gc.get_objects()),
                    "frozen": gc.get_freeze_count(), "end_s": end_s, "gen2": big, "all_ms_by_generation":
                    {g: round(sum(x["ms"] for x in pauses if x["generation"] == g), 1) for g in (0, 1, 2)}}, f, indent=1)
     print("gc_pauses: gen2 collections (ms @ s):", [(round(x["ms"], 1), round(x["at_s"], 1)) for x in big],
           file=sys.stderr)
-    return rc
 
 
 if __name__ == "__main__":

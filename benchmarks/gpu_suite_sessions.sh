@@ -19,6 +19,7 @@ ncu_decode_probe() {
 # place for the run and restored), same call: floor_ab NAME "CODEC PROMPT_LEN MAX_MODEL_LEN" ...  (into $out/NAME.tgz)
 floor_ab() {
   local o=/tmp/$1 f=nanocore/kernels/attention_config.py run rule tag; shift; mkdir -p $o
+  grep -q 'decode=False)' $f && { echo "floor_ab: $f is already edited (a killed run?): restore it first"; return; }
   cp $f /tmp/attention_config.py.orig
   for run in "$@"; do
     set -- $run
@@ -671,7 +672,8 @@ s17c)  # session 17: the same where the floor changes the graphs' splits past th
   # 16 splits for 257-2,048 keys instead of 4 / 8, the codec's 4-warp tile 32 instead of 8 at 257-1,024)
   floor_ab s17c "unquantized 768 2048" "k_int8_v_fp8 768 2048" "unquantized 1792 2048" ;;
 s17e)  # session 17's last call (~210 s): Python GC pauses in the Nano-vLLM `bench throughput` pass (session 16's one
-  # ~250 ms host stall per pass), bf16 as is and with the heap frozen after the engine is built, then the codec
+  # ~250 ms host stall per pass), bf16 as is and with the heap frozen after the engine is built, then the codec. Ran at
+  # 2c6aadc; from 85d642c on "as is" means generate()'s own frozen heap (and --freeze adds the startup collection)
   o=/tmp/s17e; mkdir -p $o; pack() { tar -czf "$out/s17e.tgz" -C $o . ; }
   for run in "unquantized no" "unquantized yes" "k_int8_v_fp8 yes" "k_int8_v_fp8 no"; do
     set -- $run; tag=$1_freeze_$2; freeze=; [ $2 = yes ] && freeze=--freeze

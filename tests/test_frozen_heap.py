@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import gc
 import sys
+import threading
 import weakref
 from pathlib import Path
 
 import httpx
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from serve_fixtures import running_server, tiny_llm  # noqa: E402
@@ -35,6 +37,32 @@ def test_frozen_for_the_loop_then_unfrozen_and_nested_loops_keep_it():
         with frozen_heap():
             assert gc.get_freeze_count() == frozen
         assert gc.get_freeze_count() == frozen  # the inner loop did not unfreeze the outer one's heap
+    assert gc.get_freeze_count() == 0
+
+
+def test_an_exception_in_the_loop_still_unfreezes():
+    with pytest.raises(KeyError):
+        with frozen_heap():
+            assert gc.get_freeze_count() > 0
+            raise KeyError("a failed step")
+    assert gc.get_freeze_count() == 0
+
+
+def test_loops_in_two_threads_share_one_freeze_until_the_last_ends():
+    inside, leave = threading.Event(), threading.Event()
+
+    def server_loop():
+        with frozen_heap(collect_first=True):
+            inside.set()
+            leave.wait(10)
+
+    thread = threading.Thread(target=server_loop)
+    with frozen_heap():  # a generate() already running when the server loop starts
+        thread.start()
+        assert inside.wait(10)
+    assert gc.get_freeze_count() > 0  # the generate ended first: still frozen for the server loop
+    leave.set()
+    thread.join(10)
     assert gc.get_freeze_count() == 0
 
 
@@ -78,3 +106,24 @@ def test_the_server_loop_steps_with_the_heap_frozen_until_it_stops():
                                                           "ignore_eos": True}, timeout=60)
         assert reply.status_code == 200, reply.text
     assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
+
+
+def test_a_tensor_parallel_worker_serves_rank_zero_with_the_heap_frozen():
+    import pickle
+
+    from nanocore.engine.workers import Worker
+
+    class Pipe:  # rank 0's pipe: one call, then gone
+        def __init__(self):
+            self.messages = [pickle.dumps(("probe", ()))]
+
+        def recv_bytes(self):
+            if not self.messages:
+                raise EOFError
+            return self.messages.pop()
+
+    worker, counts = Worker.__new__(Worker), []
+    worker.conn, worker.rank = Pipe(), 1
+    worker.probe = lambda: counts.append(gc.get_freeze_count())
+    worker.serve()
+    assert counts and counts[0] > 0 and gc.get_freeze_count() == 0

@@ -17,10 +17,10 @@ def one_request_timeline(engine, prompt: list[int], output_len: int) -> tuple[fl
     from nanocore.engine.sampling_params import SamplingParams
 
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    start = time.perf_counter()
-    seq = engine.add_request(prompt, params).seqs[0]
     times: list[float] = []
     with frozen_heap():  # as LLM.generate: no full GC scan of the model's heap inside the timing
+        start = time.perf_counter()
+        seq = engine.add_request(prompt, params).seqs[0]
         while engine.has_unfinished_requests():
             engine.step()
             now = time.perf_counter()

@@ -47,14 +47,15 @@ class LLM:
         prompt_list = normalize_prompts(prompts)
         params_list = normalize_params(sampling_params, len(prompt_list))
         ids: list[str] = []
-        try:
-            for prompt, params in zip(prompt_list, params_list):
-                ids.append(self.engine.add_request(prompt, params).request_id)
-        except BaseException:  # one bad prompt: drop the ones queued before it, or they run unseen later
-            for request_id in ids:
-                self.engine.abort_request(request_id)
-            raise
-        return self._run(ids, use_tqdm)
+        with frozen_heap():  # from the first request on: no full GC scan of the model's heap mid-batch
+            try:
+                for prompt, params in zip(prompt_list, params_list):
+                    ids.append(self.engine.add_request(prompt, params).request_id)
+            except BaseException:  # one bad prompt: drop the ones queued before it, or they run unseen later
+                for request_id in ids:
+                    self.engine.abort_request(request_id)
+                raise
+            return self._run(ids, use_tqdm)
 
     def chat(self, messages: Conversation | list[Conversation],
              sampling_params: SamplingParams | Seq[SamplingParams] | None = None, use_tqdm: bool = True,
@@ -74,14 +75,13 @@ class LLM:
                    dynamic_ncols=True)
         start, generated_before = time.perf_counter(), self.engine.stats.num_generated_tokens
         try:
-            with frozen_heap():  # no full GC scan of the model's heap mid-batch
-                while self.engine.has_unfinished_requests():
-                    for output in self.engine.step():
-                        results[output.request_id] = output
-                        bar.update(1)
-                    elapsed = time.perf_counter() - start
-                    bar.set_postfix_str(f"{(self.engine.stats.num_generated_tokens - generated_before) / elapsed:.1f} "
-                                        "out tok/s", refresh=False)
+            while self.engine.has_unfinished_requests():
+                for output in self.engine.step():
+                    results[output.request_id] = output
+                    bar.update(1)
+                elapsed = time.perf_counter() - start
+                bar.set_postfix_str(f"{(self.engine.stats.num_generated_tokens - generated_before) / elapsed:.1f} out tok/s",
+                                    refresh=False)
         except BaseException:
             for request_id in request_ids:
                 self.engine.abort_request(request_id)

@@ -24,6 +24,7 @@ import torch.distributed as dist
 
 from nanocore.config import EngineConfig
 from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed, parallel
+from nanocore.engine.heap import frozen_heap
 from nanocore.engine.llm_engine import build_backend
 from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.engine.model_runner import ModelRunner
@@ -215,6 +216,10 @@ class Worker:
         trace(rank, "runner ready")
 
     def serve(self) -> None:
+        with frozen_heap(collect_first=True):  # as rank 0's loops: a full collection here would stall every step
+            self._serve()
+
+    def _serve(self) -> None:
         while True:
             try:
                 method, args = pickle.loads(self.conn.recv_bytes())

@@ -124,7 +124,7 @@ class AsyncEngine:
         try:
             if self._cuda_index is not None:
                 torch.cuda.set_device(self._cuda_index)
-            with frozen_heap():  # the server's lifetime: no full GC scan of the model's heap between steps
+            with frozen_heap(collect_first=True):  # the server's lifetime: no full GC scan of the model's heap
                 while not self._stop:
                     applied = self._apply_commands()
                     if not self.engine.has_unfinished_requests():
