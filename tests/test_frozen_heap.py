@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from serve_fixtures import running_server, tiny_llm  # noqa: E402
+from nanocore.bench.interference import run_scenario  # noqa: E402
 from nanocore.bench.latency import one_request_timeline  # noqa: E402
 from nanocore.engine.heap import frozen_heap  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
@@ -89,9 +90,11 @@ def test_generate_and_the_latency_bench_step_with_the_heap_frozen_and_the_engine
     counts = record_freeze_counts(llm)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
-    counts.clear()
-    one_request_timeline(llm.engine, [4, 5, 6], 4)
-    assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
+    for timed_loop in (lambda: one_request_timeline(llm.engine, [4, 5, 6], 4),
+                       lambda: run_scenario(llm.engine, [4, 5, 6], [7, 8], 4, 2)):  # bench latency, interference
+        counts.clear()
+        timed_loop()
+        assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
     engine = weakref.ref(llm.engine)
     del llm, counts
     gc.collect()
