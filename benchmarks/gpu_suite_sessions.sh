@@ -2,7 +2,7 @@
 # Per-session sections of benchmarks/gpu_suite.sh (sourced by it; not run alone): each session's device calls as run,
 # kept so that the figures in docs/benchmarks*.md and docs/data/*/README.md can be reproduced by name. Globals from
 # gpu_suite.sh: out, N, Q06, Q7, MOE, step, lat7. Sections: verify6 perf6 probe7 kvbound moefp8 sweep7 final7 last7
-# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b, s17c, s17e.
+# graphs8 next17a next17b s8a s8b s8c s8d cudafull s9a s9b s9c s9d s9f s10a..s10f s11a..s11d s12a..s12f s13a..s13d, s14a..s14d, s15a..s15c, s16b, s16c, s17a, s17b, s17c, s17e, and s18a (queued).
 # A name it does not know is reported ("unknown section") and skipped.
 # ncu --set full of the decode kernel, the engine's choice (``attention_probe``): OUTDIR LAYOUT SEQS CTX HEADS KV_HEADS;
 # keeps the details page as CSV, drops the report
@@ -681,6 +681,21 @@ s17e)  # session 17's last call (~210 s): Python GC pauses in the Nano-vLLM `ben
       --kv-codec $1 --json $o/throughput_$tag.json >$o/throughput_$tag.log 2>&1
     echo "throughput $run exit $?"; grep -a "gc_pauses\|^dummy" $o/throughput_$tag.log | cut -c1-200; pack
   done ;;
+s18a)  # queued (~400 s on a fresh machine): the shipped frozen heap (nanocore/engine/heap.py, 85d642c) against none,
+  # same call: the Nano-vLLM `bench throughput` under benchmarks.gc_pauses, bf16 and k_int8_v_fp8, "unfrozen" edits
+  # frozen_heap to never freeze (restored after); each codec's first run (cold_frozen) pays the compiles (limit 150 s)
+  o=/tmp/s18a; mkdir -p $o; pack() { tar -czf "$out/s18a.tgz" -C $o . ; }
+  local f=nanocore/engine/heap.py; cp $f /tmp/heap.py.orig
+  for c in unquantized k_int8_v_fp8; do for mode in cold_frozen unfrozen frozen; do
+    cp /tmp/heap.py.orig $f
+    [ $mode = unfrozen ] && sed -i 's/_froze = gc.isenabled() and not gc.get_freeze_count()/_froze = False/' $f
+    tag=${c}_$mode
+    timeout 150 python3 -m benchmarks.gc_pauses $o/gc_$tag.json -- bench throughput $Q06 --max-model-len 2048 \
+      --kv-codec $c --json $o/throughput_$tag.json >$o/throughput_$tag.log 2>&1
+    echo "throughput $c $mode exit $? ($(grep -c '_froze = False' $f) edits)"; grep -a "gc_pauses\|^dummy" $o/throughput_$tag.log | cut -c1-200
+    pack
+  done; done
+  cp /tmp/heap.py.orig $f ;;
 *) echo "unknown section $1" ;;
 esac
 }
