@@ -6,7 +6,7 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entrant: a finalizer run by gc.collect() below may enter a loop
 _depth = 0  # loops inside frozen_heap now, in any thread
 _froze = False  # whether the outermost of them froze the heap (else the process had, or the GC is off)
 
