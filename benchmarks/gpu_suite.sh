@@ -20,6 +20,11 @@ Q7="--model dummy:Qwen2.5-7B --device cuda --dtype bfloat16"
 MOE="--model dummy:Qwen1.5-MoE-A2.7B --device cuda --dtype bfloat16"
 step() { local t=$1; shift; echo "== $*"; timeout "$t" "$@" 2>&1 | tail -"${TAIL:-6}"; }
 # 7B batch-1 latency per linear method into $o (JSON + log each, tarred by the section's pack): lat7 LIMIT_S METHOD...
+# Qwen3-0.6B batch-1 `bench latency` (verbose log) into $o, JSON + log, then its exit and result line:
+# lat06 LIMIT_S TAG [bench latency options]
+lat06() { local t=$1 tag=$2; shift 2
+  timeout "$t" $N -v bench latency $Q06 --max-num-seqs 8 "$@" --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
+  echo "latency $tag exit $?"; tail -2 $o/latency_$tag.log | cut -c1-160; }
 lat7() { local t=$1 m; shift; for m in "$@"; do
   timeout "$t" $N bench latency $Q7 --max-num-seqs 8 --max-model-len 1024 --linear-method $m \
     --json $o/latency_qwen2.5_7b_$m.json >$o/latency_$m.log 2>&1; echo "latency $m exit $?"; tail -2 $o/latency_$m.log

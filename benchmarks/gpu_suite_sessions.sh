@@ -18,7 +18,7 @@ ncu_decode_probe() {
 # batch-1 TPOT with the one-tile split floor (as shipped) and without (batch_choice passing decode=False, edited in
 # place for the run and restored), same call: floor_ab NAME "CODEC PROMPT_LEN MAX_MODEL_LEN" ...  (into $out/NAME.tgz)
 floor_ab() {
-  local o=/tmp/$1 f=nanocore/kernels/attention_config.py run rule tag; shift; mkdir -p $o
+  local o=/tmp/$1 f=nanocore/kernels/attention_config.py run rule; shift; mkdir -p $o
   grep -q 'decode=False)' $f && { echo "floor_ab: $f is already edited (a killed run?): restore it first"; return; }
   cp $f /tmp/attention_config.py.orig
   for run in "$@"; do
@@ -26,10 +26,7 @@ floor_ab() {
     for rule in floor nofloor; do
       cp /tmp/attention_config.py.orig $f
       [ $rule = nofloor ] && sed -i 's/decode=max_query_len <= 1)/decode=False)/' $f
-      tag=$1_$2_$rule
-      timeout 75 $N bench latency $Q06 --max-num-seqs 8 --max-model-len $3 --prompt-len $2 --kv-codec $1 \
-        --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
-      echo "latency $run $rule exit $? ($(grep -c 'decode=False' $f) edits)"; tail -2 $o/latency_$tag.log | cut -c1-160
+      lat06 75 $1_$2_$rule --max-model-len $3 --prompt-len $2 --kv-codec $1; echo "($(grep -c 'decode=False' $f) edits)"
       tar -czf "$out/$(basename $o).tgz" -C $o .
     done
   done
@@ -618,10 +615,8 @@ s16b)  # session 16 (issue 17, <= 560 s): decode graphs per context tier. Their 
   rc=$?; echo "tests exit $rc"; tail -15 $o/tests.log; pack
   [ $rc = 0 ] || return
   for run in "unquantized 40960" "k_int8_v_fp8 40960" "unquantized 2048" "k_int8_v_fp8 2048"; do
-    set -- $run; tag=$1_$2
-    timeout 60 $N -v bench latency $Q06 --max-num-seqs 8 --max-model-len $2 --kv-codec $1 \
-      --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
-    echo "latency $run exit $?"; grep -i "captured" $o/latency_$tag.log | cut -c1-300; tail -2 $o/latency_$tag.log | cut -c1-160; pack
+    set -- $run; lat06 60 $1_$2 --max-model-len $2 --kv-codec $1; grep -i "captured" $o/latency_$1_$2.log | cut -c1-300
+    pack
   done
   for spec in "bf16 1 16384 16 8" "k_int8_v_fp8 1 16384 16 8"; do
     ncu_decode_probe $o $spec; pack
@@ -648,10 +643,7 @@ s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after 
   rc=$?; echo "tests exit $rc"; tail -8 $o/tests.log; pack
   [ $rc = 0 ] || return
   for run in "unquantized 2048" "k_int8_v_fp8 2048" "unquantized 40960" "k_int8_v_fp8 40960"; do
-    set -- $run; tag=$1_$2
-    timeout 75 $N -v bench latency $Q06 --max-num-seqs 8 --max-model-len $2 --kv-codec $1 \
-      --json $o/latency_$tag.json >$o/latency_$tag.log 2>&1
-    echo "latency $run exit $?"; tail -2 $o/latency_$tag.log | cut -c1-160; pack
+    set -- $run; lat06 75 $1_$2 --max-model-len $2 --kv-codec $1; pack
   done
   for c in unquantized k_int8_v_fp8; do
     timeout 90 $N bench throughput $Q06 --max-model-len 2048 --kv-codec $c \
@@ -660,9 +652,7 @@ s17a)  # next session first (issue 17, <= 560 s): what session 16 changed after 
   done
   # last, the first to drop: batch 1 at ~2K context, where bf16's floor went from 8 to 16 splits (unmeasured)
   for c in unquantized k_int8_v_fp8; do
-    timeout 60 $N bench latency $Q06 --max-num-seqs 8 --max-model-len 4096 --prompt-len 1920 --kv-codec $c \
-      --json $o/latency_${c}_1920.json >$o/latency_${c}_1920.log 2>&1
-    echo "latency 1920 $c exit $?"; tail -2 $o/latency_${c}_1920.log | cut -c1-160; pack
+    lat06 60 ${c}_1920 --max-model-len 4096 --prompt-len 1920 --kv-codec $c; pack
   done ;;
 s17b)  # session 17 (~250 s on a warm machine): the few-program one-tile split floor (4dc65b6) against the rule before it,
   # same call: batch-1 TPOT with the floor (as shipped) and without (batch_choice passing decode=False, edited in place

@@ -217,11 +217,9 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     count, e.g. 1 x 256 keys bf16 4 vs 1 splits 1.477 vs 1.532 ms, k_int8_v_fp8 8 vs 2 1.504 vs 1.601). 1-warp
     programs (H200 sweep, session 7, one-byte decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs
     ran fastest with 4 splits, 1,024 and more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6
-    programs per SM, else 16 per SM
-    rounded down to a power of two, each split 256+ keys; with fewer programs than SMs (batch 1 to ~16 past
-    ``FEW_PROGRAMS_MAX_SEQ_LEN``) a split may be a single tile (then rounded down to a power of two, so one or two
-    tiles): a batch of one gets 64 splits from 2,048 keys (s15b:
-    fastest at 4K and 16K). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
+    programs per SM, else 16 per SM rounded down to a power of two, each split 256+ keys; with fewer programs than SMs
+    (batch 1 to ~16 past ``FEW_PROGRAMS_MAX_SEQ_LEN``) a split may be a single tile (then rounded down to a power of
+    two, so one or two tiles): a batch of one gets 64 splits from 2,048 keys (s15b: fastest at 4K and 16K). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
     tiles = triton.cdiv(max_seq_len, block_n)
     if programs < 1:
         return 1
