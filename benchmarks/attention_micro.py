@@ -5,8 +5,7 @@
   ``torch.nn.attention.varlen.varlen_attn``; FLOP/s counted over the causal half.
 - decode: one token per sequence over a paged cache (default 64 x 4096); bytes = K + V read once.
 - store: the fused KV store for a prefill's worth of tokens.
-With ``--tune`` each kernel is also timed over a grid of tile configs. Quantized KV caches:
-``attention_quant_tune.py``.
+With ``--tune`` each kernel is also timed over a grid of tile configs.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""GPU check (issue 19 item 3): once the engine reports ready, no Triton kernel compiles while it serves.
+"""GPU check: once the engine reports ready, no Triton kernel compiles while it serves.
 
 Starts an LLM (kernel warm-up on), then runs varied work through it: prompt lengths 1..2000 alone and in
 batches, decode batches of many sizes, prompts sharing a cached prefix, requests arriving while others decode

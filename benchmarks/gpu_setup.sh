@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepare the bare GPU machine: carried wheels (pydantic) and every in-tree distribution, editable, offline.
-# Usage on the device machine, from the repo root:  source benchmarks/gpu_setup.sh
+# Prepare a GPU machine without network access: wheels carried in .whl/ (e.g. pydantic) and every in-tree
+# distribution, editable, offline. From the repository root:  source benchmarks/gpu_setup.sh
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return 1
 export PYTHONPATH=/tmp/site

@@ -4,16 +4,18 @@ The reference (``--write-reference``, normally on CPU in float32) stores, for th
 token and the gap between the two most likely tokens at every position. A check run (``--reference FILE``, e.g.
 on the GPU) generates the same continuations and reports, per prompt, the first position where its token differs
 and the reference's top-2 gap there: a flip where the reference itself was nearly tied is rounding, a flip with a
-large gap is a bug. Usage (issue 4's SmolLM2 check):
+large gap is a bug. Usage (the SmolLM2 check):
 
-    python -m benchmarks.greedy_match --device cpu --dtype float32 --write-reference docs/data/greedy_smollm2_cpu.json
-    python -m benchmarks.greedy_match --device cuda --dtype float32 --reference docs/data/greedy_smollm2_cpu.json \
-        --json OUT.json        # exit status 1 only for a flip that is not a near-tie
+    python -m benchmarks.greedy_match --device cpu --dtype float32 \
+        --write-reference docs/data/correctness/greedy_smollm2_cpu.json
+    python -m benchmarks.greedy_match --device cuda --dtype float32 \
+        --reference docs/data/correctness/greedy_smollm2_cpu.json --json OUT.json  # exit 1: a flip that is no near-tie
     python -m benchmarks.greedy_match --reference CPU_BF16.json --run-file GPU_BF16.json   # two stored runs
 
 A near-tie depends on the dtype: float32 logits flip below 0.05 nats; bf16 logits are rounded to 1/8 at the
 magnitudes of SmolLM2's top logits (16..32), and SmolLM2 in bf16 on the CPU already flips against its own float32
-run at gaps up to 0.20 (docs/data/greedy_smollm2_cpu_bfloat16.json), so half-precision comparisons use 0.25.
+run at gaps up to 0.20 (docs/data/correctness/greedy_smollm2_cpu_bfloat16.json), so half-precision comparisons use
+0.25.
 """
 from __future__ import annotations
 

@@ -10,9 +10,8 @@ The first is a tiny random Llama (g128) with ``reference_logits.pt``: a float32 
 asserts) on SAMPLES (default 32) random 512-token windows of ``CALIB_TEXT`` (seed 0, as ``nanocore quantize
 --calib-text`` draws them) and writes ``OUT/smollm2_autoawq_g64`` plus ``OUT/smollm2_autoawq_g64_dequant``, a float32
 checkpoint of the same weights (every linear through ``dequantize_gemm``, the norms AutoAWQ's scale search rewrote):
-the int4 gate's reference in docs/benchmarks-quant.md. On the shared 2-core CPU of session 20 a SmolLM2 layer took
-98-129 s with 8 or 32 samples alike (float32, 2 threads; with 8: scale search 24 s, clip search 64 s): about an hour
-for its 30 layers, so that run was stopped after 2; on a GPU it should be much faster (not tried).
+the int4 gate's reference in docs/benchmarks-quant.md. On a 2-core CPU a SmolLM2 layer takes 98-129 s (float32, 2
+threads): about an hour for its 30 layers.
 """
 
 from __future__ import annotations

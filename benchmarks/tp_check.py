@@ -1,10 +1,10 @@
 """Multi-GPU check: TP=N / EP=N / TP=N+EP=N logits vs one rank on small random checkpoints, then bench scaling.
 
-Usage (the GPU machine, repo root, after ``source benchmarks/gpu_setup.sh``)::
+Usage (a GPU machine, repository root)::
 
-    python -m benchmarks.tp_check --gpus 2 --json docs/data/tp_check_2gpu.json
+    python -m benchmarks.tp_check --gpus 2 --json tp_check_2gpu.json
     python -m benchmarks.tp_check --gpus 4 --bench --bench-model dummy:Qwen2.5-7B \\
-        --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --json docs/data/tp_check_4gpu.json
+        --moe-bench-model dummy:Qwen1.5-MoE-A2.7B --json tp_check_4gpu.json
     python -m benchmarks.tp_check --gpus 2 --device cpu --no-moe   # dry run on gloo (slow, tiny)
 
 Part 1 writes a random dense (Qwen2, GQA, odd vocab) and a random MoE (Qwen2-MoE, shared expert)

@@ -1,4 +1,4 @@
-"""Decode attention over one-byte (int8 / fp8 e4m3) K/V on CUDA cores: the "gqa" quantized path (issue 17).
+"""Decode attention over one-byte (int8 / fp8 e4m3) K/V on CUDA cores: the "gqa" quantized path.
 
 Why not the tensor-core tile (``narrow_attention``) for pure decode steps: an mma needs 16 rows, so a program of
 one sequence and one KV head holds a 16 x head_dim fp32 accumulator of which only the GQA group's rows (2 for

@@ -172,7 +172,7 @@ def _clamp(x, lo, hi):
 
 
 # per-batch integers (q tiles and KV splits per step, block-table width) are not specialised on: a new batch
-# shape must not cost a compile mid-serving (issue 19); only the constexprs pick a variant
+# shape must not cost a compile mid-serving; only the constexprs pick a variant
 @triton.jit(do_not_specialize=["num_q_tiles", "num_splits", "stride_bt"])
 def paged_attention_kernel(
     q_ptr, k_ptr, v_ptr, ks_ptr, vs_ptr, kn_ptr, vn_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,

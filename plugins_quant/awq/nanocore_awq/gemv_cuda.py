@@ -72,7 +72,7 @@ def gemv_fits(m: int, x: torch.Tensor, qweight: torch.Tensor, qzeros: torch.Tens
 @functools.cache
 def gemv_plan(n: int, k: int, sms: int) -> GemvPlan:
     """One word per thread and the longest split (<= 1,024 rows, >= 64) that still gives >= 4 blocks per SM: fewer
-    split sums, yet enough rows in flight on every SM. On the H200 (awq_gemv_tune.json, session 9) 8- and 16-byte
+    split sums, yet enough rows in flight on every SM. On the H200 8- and 16-byte
     loads were slower at every M and shape, and 32-row splits slower than 64 except o_proj at M = 1 (by 1 us)."""
     column_blocks = -(-(n // 8) // _THREADS)
     rows = 1024

@@ -72,11 +72,11 @@ def awq_linear_gpu(x, qweight, qzeros, scales, bias=None, require_gemv: bool = F
 
 
 def awq_default_config(m: int, n: int, k: int) -> GemmConfig:
-    """The measured-best variant for an ``[m, k]`` input (tune_linear_gpu.py picks these)."""
+    """The measured-best variant for an ``[m, k]`` input (measured on an H200)."""
     if m == 1:
         return GemmConfig("splitk", block_m=1, block_n=128, block_k=128, num_warps=4)
     if m <= SPLITK_MAX_M:  # one row tile for every token: each int4 word is read once (the tiled GEMM at M = 32
-        # left most SMs idle on the 7B o / down projections: batch-32 decode 0.30x bf16, session 10)
+        # left most SMs idle on the 7B o / down projections: batch-32 decode 0.30x bf16)
         return GemmConfig("splitk", block_m=16, block_n=64, block_k=128, num_warps=4)
     if m <= 64:
         return GemmConfig("tiled", block_m=64, block_n=128, block_k=64, num_warps=4, num_stages=4)

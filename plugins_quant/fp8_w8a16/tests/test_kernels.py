@@ -3,8 +3,6 @@
 The default configs are also tested in the core (tests/test_quant_gemm.py).
 """
 import os
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -64,24 +62,32 @@ def test_int8_x_int8_in_triton_interpreter(m, n, k):
     assert float((got - expected).abs().max() / expected.abs().max()) <= 1e-5
 
 
-def _tune_configs():
-    sys.path.insert(0, str(Path(__file__).parents[2]))
-    import tune_linear_gpu as tune
-    m1 = tune.variants("fp8", 1) + tune.GEMV_M1[:2] + tune.GEMV_M1_CVT[:1]
-    return m1, tune.SPLITK_M16[:4] + tune.TILED_M16 + tune.TILED
+def _launch_variants():
+    """(M = 1 variants, M > 1 variants): every launch shape the weight-only kernels were timed over."""
+    from nanocore.toolkit.gemm import GemmConfig as S
+    gemv = [S("gemv", 1, bn, bk, sk, w, st, reduce_late=late) for bn, bk, sk, w, st, late in [
+        (16, 512, 0, 4, 1, True), (16, 512, 0, 4, 3, True), (8, 512, 0, 2, 1, False), (16, 256, 0, 2, 1, False),
+        (32, 512, 0, 8, 1, False), (16, 512, 2, 4, 1, False), (32, 256, 0, 4, 1, False), (16, 512, 0, 8, 1, False)]]
+    gemv.append(S("gemv", 1, 16, 512, 0, 4, 1, reduce_late=True, int8_magic=False))  # the plain int-to-float path
+    splitk = [S("splitk", 16, bn, bk, sk, w, st) for bn, bk, sk, w, st in [
+        (32, 256, 0, 4, 3), (32, 256, 0, 4, 5), (32, 512, 0, 4, 4), (64, 256, 0, 4, 4)]]
+    tiled = [S("tiled", bm, bn, bk, 0, w, st) for bm, bn, bk, w, st in [
+        (16, 64, 128, 4, 4), (16, 128, 128, 4, 4), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 256, 64, 8, 3),
+        (128, 64, 128, 4, 4)]]
+    return gemv, splitk + tiled
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("quantize", [quantize_fp8_per_row, quantize_int8_per_row])
 @pytest.mark.parametrize("native", [True, False])
-def test_every_tuned_variant_on_cuda(quantize, native):
+def test_every_launch_variant_on_cuda(quantize, native):
     import dataclasses
 
     from nanocore.toolkit.gemm import weight_only_linear, weight_only_linear_torch
     torch.manual_seed(0)
     q, scale = quantize(torch.randn(384, 1024, device="cuda"))
     bias = torch.randn(384, device="cuda", dtype=torch.bfloat16)
-    m1, larger = _tune_configs()
+    m1, larger = _launch_variants()
     tiled = [c for c in larger if c.kind == "tiled"]  # split-K is the decode kernel (M <= 16)
     for m, configs in [(1, m1), (5, larger), (16, larger), (100, tiled)]:
         x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
@@ -97,7 +103,7 @@ def test_every_tuned_variant_on_cuda(quantize, native):
 @pytest.mark.cuda
 def test_int8_x_int8_on_cuda():
     from nanocore.toolkit.gemm import int8_scaled_linear
-    _, configs = _tune_configs()
+    _, configs = _launch_variants()
     w, ws = quantize_int8_per_row(torch.randn(256, 512, device="cuda"))
     for m in (17, 300):
         xq, xs = quantize_int8_per_row(torch.randn(m, 512, device="cuda"))
