@@ -148,14 +148,22 @@ def feed_string(rest: tuple, frame: tuple, ch: str) -> tuple | None:
     if escape:  # "u" and the hex digits so far
         if ch not in "0123456789abcdefABCDEF":
             return None
-        if len(escape) < 4:
-            return rest + (("str", allowed, decoded, escape + ch),)
-        return string_char(rest, allowed, decoded, chr(int(escape[1:] + ch, 16)))
+        if len(escape) == 4:
+            return string_char(rest, allowed, decoded, chr(int(escape[1:] + ch, 16)))
+        digits = (escape[1:] + ch).lower()
+        if allowed is not None and not any(f"{ord(c):04x}".startswith(digits) for c in next_chars(allowed, decoded)):
+            return None
+        return rest + (("str", allowed, decoded, escape + ch),)
     if ch == '"':
         return done(rest, decoded) if allowed is None or decoded in allowed else None
     if ch == "\\":
-        return rest + (("str", allowed, decoded, "\\"),)
+        return rest + (("str", allowed, decoded, "\\"),) if allowed is None or next_chars(allowed, decoded) else None
     return string_char(rest, allowed, decoded, ch) if ch >= " " else None
+
+
+def next_chars(allowed, decoded: str) -> set[str]:
+    """Characters that may follow ``decoded`` in one of the ``allowed`` strings."""
+    return {a[len(decoded)] for a in allowed if len(a) > len(decoded) and a.startswith(decoded)}
 
 
 def string_char(rest: tuple, allowed, decoded: str, ch: str) -> tuple | None:
@@ -226,5 +234,4 @@ def partial_char_ok(stack: tuple, tail: bytes) -> bool:
     allowed, decoded = frame[1], frame[2]
     if allowed is None:
         return True
-    return any(a.startswith(decoded) and len(a) > len(decoded) and a[len(decoded)].encode().startswith(tail)
-               for a in allowed)
+    return any(c.encode().startswith(tail) for c in next_chars(allowed, decoded))
