@@ -54,7 +54,7 @@ class EngineConfig(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     expert_parallel_size: int = Field(1, ge=1, le=64)
     seed: int = Field(0, ge=0)
-    # The five extension points: "auto" or a registered name, plus options for the backend.
+    # The six extension points: "auto" or a registered name, plus options for the backend.
     linear_method: str = AUTO
     linear_method_options: dict[str, Any] = Field(default_factory=dict)
     kv_codec: str = AUTO
@@ -65,6 +65,9 @@ class EngineConfig(BaseModel):
     moe_executor_options: dict[str, Any] = Field(default_factory=dict)
     scheduler_policy: str = AUTO
     scheduler_policy_options: dict[str, Any] = Field(default_factory=dict)
+    structured_output: str = Field(AUTO, description="backend compiling requests' JSON schemas, regexes, grammars "
+                                   "and choice lists into token masks ('auto' never picks the slow 'reference')")
+    structured_output_options: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator(*KINDS)
     @classmethod

@@ -6,10 +6,10 @@ entry-point group of its distribution::
     [project.entry-points.nanocore]
     my_backend = "my_package.plugin"
 
-Each hook returns ``{name: backend_class}`` for one of the five extension points. The class
+Each hook returns ``{name: backend_class}`` for one of the six extension points. The class
 subclasses the matching interface in ``nanocore.interfaces`` (each module there states its whole contract:
-constructor, calls, shapes, what must be CUDA-graph safe) and declares ``api_version = "1.4"`` on itself, or
-its distribution requires ``nanocore>=1.4,<2``. Users then select the backend by name:
+constructor, calls, shapes, what must be CUDA-graph safe) and declares ``api_version = "1.5"`` on itself, or
+its distribution requires ``nanocore>=1.5,<2``. Users then select the backend by name:
 ``LLM(model, linear_method="my_backend")``.
 
 The public plugin surface is this module, ``nanocore.interfaces`` and ``nanocore.toolkit`` (reusable
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         MoEExecutor,
         PrefixCache,
         SchedulerPolicy,
+        StructuredOutputBackend,
     )
 
 PROJECT_NAME = "nanocore"
@@ -60,3 +61,8 @@ def nanocore_moe_executors() -> dict[str, type[MoEExecutor]]:
 @hookspec
 def nanocore_scheduler_policies() -> dict[str, type[SchedulerPolicy]]:
     """Which sequences run this step, and how many tokens each."""
+
+
+@hookspec
+def nanocore_structured_output_backends() -> dict[str, type[StructuredOutputBackend]]:
+    """Constrained decoding: compile a JSON schema / regex / grammar / choice list, fill token bitmasks (since 1.5)."""

@@ -12,6 +12,7 @@ from nanocore_conformance.linear import LinearMethodConformance
 from nanocore_conformance.moe import MoEExecutorConformance
 from nanocore_conformance.prefix_cache import PrefixCacheConformance
 from nanocore_conformance.scheduler_policy import SchedulerPolicyConformance
+from nanocore_conformance.structured_output import StructuredOutputConformance
 
 #: Kind (as spelled in the config) -> the base class testing it.
 CLASSES_BY_KIND = {
@@ -20,9 +21,10 @@ CLASSES_BY_KIND = {
     "prefix_cache": PrefixCacheConformance,
     "moe_executor": MoEExecutorConformance,
     "scheduler_policy": SchedulerPolicyConformance,
+    "structured_output": StructuredOutputConformance,
 }
 
 __all__ = [
     "BackendContractConformance", "KVCodecConformance", "LinearMethodConformance", "MoEExecutorConformance",
-    "PrefixCacheConformance", "SchedulerPolicyConformance", "CLASSES_BY_KIND", "bind", "bind_all",
+    "PrefixCacheConformance", "SchedulerPolicyConformance", "StructuredOutputConformance", "CLASSES_BY_KIND", "bind", "bind_all",
 ]

@@ -1,4 +1,4 @@
-"""pytest11 plugin: the ``cuda`` marker, and skipping CUDA tests (with the reason) where there is no GPU."""
+"""pytest11 plugin: the ``cuda`` and ``timing`` markers, and skipping CUDA tests (with the reason) where there is no GPU."""
 from __future__ import annotations
 
 import pytest
@@ -6,6 +6,7 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "cuda: needs an NVIDIA GPU (skipped without one)")
+    config.addinivalue_line("markers", "timing: measures speed; asserts a generous bound and reports the figure")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

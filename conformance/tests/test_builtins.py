@@ -8,6 +8,7 @@ from nanocore_conformance import (
     MoEExecutorConformance,
     PrefixCacheConformance,
     SchedulerPolicyConformance,
+    StructuredOutputConformance,
 )
 
 
@@ -37,6 +38,10 @@ class TestPrefillFirstChunked(SchedulerPolicyConformance):
     @pytest.fixture
     def backend_options(self):
         return {"chunk_size": 3}
+
+
+class TestReferenceStructuredOutput(StructuredOutputConformance):
+    backend = "reference"
 
 
 class TestContractAlone(BackendContractConformance):

@@ -2,6 +2,7 @@
 from nanocore.builtin.eager_moe import EagerMoEExecutor
 from nanocore.builtin.no_prefix_cache import NoPrefixCache
 from nanocore.builtin.prefill_first import PrefillFirstPolicy
+from nanocore.builtin.reference_structured import ReferenceStructuredOutput
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.hookspecs import hookimpl
@@ -33,3 +34,8 @@ def nanocore_moe_executors():
 @hookimpl
 def nanocore_scheduler_policies():
     return {"prefill_first": PrefillFirstPolicy}
+
+
+@hookimpl
+def nanocore_structured_output_backends():
+    return {"reference": ReferenceStructuredOutput}

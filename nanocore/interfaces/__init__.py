@@ -1,4 +1,4 @@
-"""The five extension points, one small module each."""
+"""The six extension points, one small module each."""
 from nanocore.interfaces.base import API_VERSION, Backend, builtin_options, check_options, choice_option
 from nanocore.interfaces.kv_codec import KVCache, KVCodec, KVLayout
 from nanocore.interfaces.linear_method import LinearMethod, set_weight_attrs
@@ -14,6 +14,13 @@ from nanocore.interfaces.scheduler_policy import (
     StepBudget,
     add_prefill_chunks,
 )
+from nanocore.interfaces.structured_output import (
+    CONSTRAINT_KINDS,
+    Constraint,
+    StructuredOutputBackend,
+    StructuredOutputMatcher,
+    TokenVocabulary,
+)
 
 #: Kind name -> (interface class, hook name). Kinds are spelled as in config fields and the CLI.
 KINDS: dict[str, tuple[type[Backend], str]] = {
@@ -22,10 +29,12 @@ KINDS: dict[str, tuple[type[Backend], str]] = {
     "prefix_cache": (PrefixCache, "nanocore_prefix_caches"),
     "moe_executor": (MoEExecutor, "nanocore_moe_executors"),
     "scheduler_policy": (SchedulerPolicy, "nanocore_scheduler_policies"),
+    "structured_output": (StructuredOutputBackend, "nanocore_structured_output_backends"),
 }
 
 __all__ = [
     "API_VERSION", "Backend", "builtin_options", "check_options", "choice_option", "KVCache", "KVCodec", "KVLayout",
     "LinearMethod", "set_weight_attrs", "MoEExecutor", "check_moe_shapes", "moe_weight_format", "WEIGHT_FORMATS", "PrefixCache", "QuantArgs", "QuantScheme", "ScheduleDecision",
     "ScheduledItem", "SchedulerPolicy", "SchedulerState", "SequenceView", "StepBudget", "add_prefill_chunks", "KINDS",
+    "CONSTRAINT_KINDS", "Constraint", "StructuredOutputBackend", "StructuredOutputMatcher", "TokenVocabulary",
 ]

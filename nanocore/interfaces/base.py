@@ -7,14 +7,14 @@ import torch
 
 # Major version bumps when an interface changes incompatibly, minor when one grows; plugins declare the version
 # they target (``api_version`` on their class, or their distribution's requirement on nanocore).
-API_VERSION = "1.4"
+API_VERSION = "1.5"
 #: Options the core adds itself, not the user: a linear method loading a quantized checkpoint gets the
 #: checkpoint's ``quantization_config`` dict. ``check_options`` always accepts them.
 INJECTED_OPTIONS: dict[str, type] = {"quantization_config": dict}
 
 
 class Backend:
-    """Base of the five interfaces: a name, the API version it targets, options and capabilities."""
+    """Base of the six interfaces: a name, the API version it targets, options and capabilities."""
 
     #: Plugin API version this backend was written against ("MAJOR.MINOR"). Set it on your own class: the
     #: registry reads it from the plugin's classes only (the value here is the core's, not a declaration).

@@ -6,12 +6,12 @@ written; every method a plugin author replaces is marked ``STUB``.
 
 CLASS_SUFFIX = {
     "linear_method": "LinearMethod", "kv_codec": "KVCodec", "prefix_cache": "PrefixCache",
-    "moe_executor": "MoEExecutor", "scheduler_policy": "SchedulerPolicy",
+    "moe_executor": "MoEExecutor", "scheduler_policy": "SchedulerPolicy", "structured_output": "StructuredOutput",
 }
 CONFORMANCE = {
     "linear_method": "LinearMethodConformance", "kv_codec": "KVCodecConformance",
     "prefix_cache": "PrefixCacheConformance", "moe_executor": "MoEExecutorConformance",
-    "scheduler_policy": "SchedulerPolicyConformance",
+    "scheduler_policy": "SchedulerPolicyConformance", "structured_output": "StructuredOutputConformance",
 }
 
 HEADER = '''\
@@ -140,5 +140,24 @@ class $cls(SchedulerPolicy):
 
     def schedule(self, state, budget):
         return self._reference.schedule(state, budget)  # STUB
+''',
+    "structured_output": '''\
+from nanocore.interfaces import StructuredOutputBackend, check_options
+from nanocore.toolkit.reference import ReferenceStructuredOutput
+
+
+class $cls(StructuredOutputBackend):
+''' + _CAPABILITIES + '''
+    constraint_kinds = ReferenceStructuredOutput.constraint_kinds  # STUB: the kinds your compile() accepts
+
+    def __init__(self, vocabulary, options=None):
+        super().__init__(vocabulary, check_options("$name", dict(options or {}), {}))
+        self._reference = ReferenceStructuredOutput(vocabulary)  # STUB: slow, masks by trying every token
+
+    def compile(self, constraint):
+        return self._reference.compile(constraint)  # STUB
+
+    def matcher(self, compiled):
+        return self._reference.matcher(compiled)  # STUB
 ''',
 }

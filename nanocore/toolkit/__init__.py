@@ -48,6 +48,10 @@ module                          what it offers
                                 (a ``kernel`` option's meaning on a device; since 1.4)
 ``toolkit.paths``               ``cache_dir()``: where a plugin keeps compiled kernels and tuned configs
 ``toolkit.timing``              CUDA-event and CUDA-graph timers for a plugin's own tuning
+``toolkit.token_bitmask``       packed int32 token bitmasks in xgrammar's layout: ``pack_bitmask``, ``unpack_bitmask``,
+                                ``allocate_token_bitmask``, ``apply_token_bitmask_`` (logits on any device; since 1.5)
+``toolkit.vocabulary``          ``token_vocabulary(tokenizer)``: a Hugging Face tokenizer's tokens as bytes, for
+                                structured-output backends (byte-level BPE, SentencePiece; since 1.5)
 ``toolkit.reference``           the reference backends (the oracles), to subclass or delegate to
 ==============================  ==================================================================================
 
