@@ -6,7 +6,7 @@ entry-point group of its distribution::
     [project.entry-points.nanocore]
     my_backend = "my_package.plugin"
 
-Each hook returns ``{name: backend_class}`` for one of the five extension points. The class
+Each backend hook returns ``{name: backend_class}`` for one of the five extension points. The class
 subclasses the matching interface in ``nanocore.interfaces`` (each module there states its whole contract:
 constructor, calls, shapes, what must be CUDA-graph safe) and declares ``api_version = "1.4"`` on itself, or
 its distribution requires ``nanocore>=1.4,<2``. Users then select the backend by name:
@@ -60,3 +60,10 @@ def nanocore_moe_executors() -> dict[str, type[MoEExecutor]]:
 @hookspec
 def nanocore_scheduler_policies() -> dict[str, type[SchedulerPolicy]]:
     """Which sequences run this step, and how many tokens each."""
+
+
+@hookspec
+def nanocore_env_vars() -> list[str]:
+    """Optional: the ``NANOCORE_*`` environment variables this plugin reads that are not engine config fields (its
+    cache or build directory, say), so the core never warns about them as misspelled fields. A core older than
+    this hook ignores it."""
