@@ -217,3 +217,12 @@ def test_flags_and_environment_meet_in_one_config(monkeypatch):
     add_engine_args(parser)
     config = engine_config_from_args(parser.parse_args(["--block-size", "32"]))
     assert (config.seed, config.block_size) == (4, 32)
+
+
+def test_the_documented_toml_example_loads(tmp_path):
+    text = (NANOCORE.parent / "docs" / "configuration.md").read_text()
+    example = text.split("```toml\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "engine.toml").write_text(example)
+    config = EngineConfig.load(tmp_path / "engine.toml", environ={}, device="cpu")
+    assert (config.max_model_len, config.kv_codec) == (4096, "int8")
+    assert config.backend("scheduler_policy") == ("decode_first", {"chunk_size": 128})
