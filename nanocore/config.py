@@ -11,6 +11,7 @@ import json
 import logging
 import os
 import sys
+import typing
 from pathlib import Path
 from typing import Any, Literal
 
@@ -48,8 +49,7 @@ def _backend(kind: str) -> Any:
 
 
 def _options(kind: str) -> Any:
-    return Field(default_factory=dict, description=f"options of the {kind.replace('_', ' ')} backend (a JSON "
-                                                   f"object on the command line and in NANOCORE_*)")
+    return Field(default_factory=dict, description=f"options of the {kind.replace('_', ' ')} backend X")
 
 
 class ConfigError(ValueError):
@@ -109,6 +109,20 @@ class EngineConfig(BaseModel):
             except BackendError as exc:
                 raise ValueError(str(exc)) from None
         return name
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _dict_from_json(cls, value: Any, info) -> Any:
+        """A dict field (backend options) given as JSON text: a flag or a NANOCORE_* variable."""
+        if not isinstance(value, str) or typing.get_origin(cls.model_fields[info.field_name].annotation) is not dict:
+            return value
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"must be a JSON object, e.g. '{{\"chunk_size\": 128}}' ({exc})") from None
+        if not isinstance(value, dict):
+            raise ValueError(f"must be a JSON object like '{{\"key\": 1}}', got {value!r}")
+        return value
 
     @field_validator(*(f"{kind}_options" for kind in EARLY_CHECKED_KINDS))
     @classmethod
@@ -215,22 +229,17 @@ def read_toml(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def env_values(environ: dict[str, str]) -> dict[str, Any]:
-    """Config fields given as ``NANOCORE_<FIELD>`` variables (options dicts are JSON); a variable that is a near miss
-    of a field name and that nothing declares gets a warning with the field it resembles."""
+    """Config fields given as ``NANOCORE_<FIELD>`` variables, as text for EngineConfig to convert ("16" -> 16, JSON
+    options); a variable that is a near miss of a field name and that nothing declares gets a warning."""
     values: dict[str, Any] = {}
     for var, raw in environ.items():
         if not var.startswith(ENV_PREFIX):
             continue
         key = var[len(ENV_PREFIX):].lower()
-        if key not in EngineConfig.model_fields:
-            _warn_near_miss(var, key)
-        elif key.endswith("_options"):
-            try:
-                values[key] = json.loads(raw)
-            except json.JSONDecodeError as exc:
-                raise ConfigError([f"{var} must be a JSON object, e.g. '{{\"chunk_size\": 128}}': {exc}"]) from None
+        if key in EngineConfig.model_fields:
+            values[key] = raw
         else:
-            values[key] = raw  # pydantic converts "16" -> 16, "true" -> True
+            _warn_near_miss(var, key)
     return values
 
 

@@ -106,7 +106,7 @@ def test_env_numbers_are_validated_with_the_same_messages():
 
 
 def test_bad_json_options_in_env_say_what_to_write():
-    with pytest.raises(ValueError, match="NANOCORE_MOE_EXECUTOR_OPTIONS must be a JSON object"):
+    with pytest.raises(ConfigError, match="moe_executor_options: must be a JSON object.*NANOCORE_MOE_EXECUTOR_OPTIONS"):
         EngineConfig.load(environ={"NANOCORE_MOE_EXECUTOR_OPTIONS": "{chunk: 1"})
 
 

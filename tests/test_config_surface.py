@@ -63,11 +63,12 @@ def test_a_new_field_gets_its_flag_type_and_help_without_cli_code(monkeypatch):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(["--new-knob", "7", "--no-new-switch", "--new-mode", "b", "--new-options", '{"x": 1}'])
-    assert (args.new_knob, args.new_switch, args.new_mode, args.new_options) == (7, False, "b", {"x": 1})
-    assert "a knob (default: 3)" in parser.format_help()
-    with pytest.raises(SystemExit):
-        parser.parse_args(["--new-mode", "c"])
-    assert common.engine_overrides(args)["new_knob"] == 7
+    config = common.engine_config_from_args(args)
+    assert isinstance(config, Extended)
+    assert (config.new_knob, config.new_switch, config.new_mode, config.new_options) == (7, False, "b", {"x": 1})
+    assert "a knob (default: 3)" in parser.format_help() and "--new-mode {a,b}" in parser.format_help()
+    with pytest.raises(ConfigError, match=r"^new_mode: Input should be 'a' or 'b', got 'c' \(set by --new-mode\)"):
+        common.engine_config_from_args(parser.parse_args(["--new-mode", "c"]))
     assert parser.parse_args([]).new_knob is None  # absent: left to the file, the environment or the default
 
 
@@ -90,10 +91,12 @@ def test_todays_flag_spellings_still_parse():
     add_engine_args(parser)
     args = parser.parse_args(["--linear-method", "unquantized", "--kv-codec", "unquantized", "--max-model-len", "64",
                               "--scheduler-policy-options", '{"chunk_size": 8}', "--enforce-eager", "--no-kernel-warmup",
-                              "--cpu-kv-cache-gib", "0.5", "--dtype", "float32", "--config", "x.toml", "--threads", "1"])
-    assert (args.linear_method, args.kv_codec, args.max_model_len, args.enforce_eager) == (
+                              "--cpu-kv-cache-gib", "0.5", "--dtype", "float32", "--threads", "1"])
+    config = engine_config_from_args(args)
+    assert (config.linear_method, config.kv_codec, config.max_model_len, config.enforce_eager) == (
         "unquantized", "unquantized", 64, True)
-    assert (args.scheduler_policy_options, args.kernel_warmup, args.cpu_kv_cache_gib) == ({"chunk_size": 8}, False, 0.5)
+    assert (config.scheduler_policy_options, config.kernel_warmup, config.cpu_kv_cache_gib) == (
+        {"chunk_size": 8}, False, 0.5)
 
 
 # ---- the same errors from every source ----------------------------------------------------------------------------
@@ -123,6 +126,26 @@ def test_each_source_is_named_in_the_error(tmp_path):
         EngineConfig.load(toml, environ={})
     assert one_line(info.value).startswith(f"max_num_seq: not an engine field; did you mean 'max_num_seqs'? (set by "
                                            f"'max_num_seq' in {toml})")
+
+
+@pytest.mark.parametrize("field, text, message", [
+    ("max_num_seqs", "many", "max_num_seqs: Input should be a valid integer, unable to parse string as an integer, "
+                             "got 'many'"),
+    ("kv_codec_options", "{bits: 8", "kv_codec_options: must be a JSON object, e.g. '{\"chunk_size\": 128}' "
+                                     "(Expecting property name enclosed in double quotes"),
+    ("prefix_cache_options", "[1]", "prefix_cache_options: must be a JSON object like '{\"key\": 1}', got [1]"),
+])
+def test_a_flag_and_a_variable_give_the_same_error(field, text, message, monkeypatch):
+    errors = []
+    for argv, environ in (([engine_flag(field), text], {}), ([], {f"NANOCORE_{field.upper()}": text})):
+        parser = argparse.ArgumentParser()
+        add_engine_args(parser)
+        monkeypatch.setattr("os.environ", environ)
+        with pytest.raises(ConfigError) as info:
+            engine_config_from_args(parser.parse_args(argv))
+        errors.append(one_line(info.value))
+    assert errors[0].startswith(message) and errors[0].endswith(f"(set by {engine_flag(field)})")
+    assert errors[1] == errors[0].replace(f"(set by {engine_flag(field)})", f"(set by NANOCORE_{field.upper()})")
 
 
 def test_a_toml_syntax_error_names_the_file_and_line(tmp_path):

@@ -36,8 +36,8 @@ def engine_flag(field_name: str) -> str:
 
 
 def flag_kwargs(name: str, field) -> dict[str, Any]:
-    """argparse keywords for one pydantic field: its type (bool -> --x / --no-x, Literal -> choices, dict -> JSON),
-    and its description with the default as help."""
+    """argparse keywords for one pydantic field: the flag hands its text to EngineConfig, which converts and checks
+    it as it does a NANOCORE_* variable (the same errors); a bool is --x / --no-x. Help: description and default."""
     annotation = field.annotation
     if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None: the flag takes an X
         annotation = next(arg for arg in typing.get_args(annotation) if arg is not type(None))
@@ -45,27 +45,17 @@ def flag_kwargs(name: str, field) -> dict[str, Any]:
     if annotation is bool:
         kwargs: dict[str, Any] = {"action": argparse.BooleanOptionalAction}
     elif origin is typing.Literal:
-        kwargs = {"choices": list(typing.get_args(annotation))}
+        kwargs = {"metavar": "{" + ",".join(map(str, typing.get_args(annotation))) + "}"}
     elif origin is dict:
-        kwargs = {"type": json_object, "metavar": "JSON"}
+        kwargs = {"metavar": "JSON"}
     elif annotation in (int, float, str):
-        kwargs = {"type": annotation, "metavar": "NAME" if name in KINDS else None}
+        kwargs = {"metavar": "NAME" if name in KINDS else None}
     else:
         raise TypeError(f"EngineConfig.{name}: no command-line form for {field.annotation}; teach flag_kwargs it")
     help_text = field.description or name.replace("_", " ")
     if field.default not in (None, PydanticUndefined) and "default" not in help_text:
         help_text += f" (default: {field.default})"
     return {**kwargs, "help": help_text.replace("%", "%%")}
-
-
-def json_object(text: str) -> dict[str, Any]:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc}); write e.g. '{{\"chunk_size\": 128}}'") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"must be a JSON object like '{{\"key\": 1}}', got {text!r}")
-    return value
 
 
 def engine_overrides(args: argparse.Namespace) -> dict[str, Any]:
