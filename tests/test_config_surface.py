@@ -230,6 +230,20 @@ def test_a_plugin_declares_its_variables_with_the_hook(caplog):
         manager.unregister(name="env_vars_test_plugin")
 
 
+def test_a_broken_declaration_costs_only_that_plugin(caplog):
+    def broken():
+        raise RuntimeError("boom")
+    manager = get_registry().plugin_manager
+    manager.register(SimpleNamespace(nanocore_env_vars=hookimpl(broken)), name="broken_env_vars_plugin")
+    try:
+        with caplog.at_level(logging.WARNING, logger="nanocore"):
+            names = declared_env_vars()
+    finally:
+        manager.unregister(name="broken_env_vars_plugin")
+    assert "NANOCORE_MOE_CONFIG_DIR" in names and "NANOCORE_PLUGINS" in names
+    assert "broken_env_vars_plugin: nanocore_env_vars() failed: boom" in caplog.text
+
+
 def test_in_tree_plugins_declare_the_variables_they_read():
     assert {"NANOCORE_MOE_CONFIG_DIR", "NANOCORE_CUTLASS_DIR"} <= declared_env_vars()
 
