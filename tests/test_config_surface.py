@@ -90,8 +90,8 @@ def test_todays_flag_spellings_still_parse():
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
     args = parser.parse_args(["--linear-method", "unquantized", "--kv-codec", "unquantized", "--max-model-len", "64",
-                              "--scheduler-policy-options", '{"chunk_size": 8}', "--enforce-eager", "--no-kernel-warmup",
-                              "--cpu-kv-cache-gib", "0.5", "--dtype", "float32", "--threads", "1"])
+                              "--scheduler-policy-options", '{"chunk_size": 8}', "--enforce-eager",
+                              "--no-kernel-warmup", "--cpu-kv-cache-gib", "0.5", "--dtype", "float32"])
     config = engine_config_from_args(args)
     assert (config.linear_method, config.kv_codec, config.max_model_len, config.enforce_eager) == (
         "unquantized", "unquantized", 64, True)

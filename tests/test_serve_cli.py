@@ -92,7 +92,7 @@ def test_config_errors_print_one_clean_line_per_problem(capsys):
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 2 and all(line.startswith("error: ") for line in lines)
     assert "block_size must be a power of two" in lines[1] and "--block-size" in lines[1]
-    assert "max_num_seqs" in lines[0] and "got 0" in lines[0]
+    assert "max_num_seqs" in lines[0] and "got '0'" in lines[0]
     assert "pydantic" not in "".join(lines)
 
 
