@@ -66,3 +66,10 @@ def nanocore_scheduler_policies() -> dict[str, type[SchedulerPolicy]]:
 @hookspec
 def nanocore_structured_output_backends() -> dict[str, type[StructuredOutputBackend]]:
     """Constrained decoding: compile a JSON schema / regex / grammar / choice list, fill token bitmasks (since 1.5)."""
+
+
+@hookspec
+def nanocore_env_vars() -> list[str]:
+    """Optional: the ``NANOCORE_*`` environment variables this plugin reads that are not engine config fields (its
+    cache or build directory, say), so the core never warns about them as misspelled fields. A core older than
+    this hook ignores it."""

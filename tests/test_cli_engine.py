@@ -46,9 +46,8 @@ def test_precedence_toml_then_env_then_flags(tmp_path, monkeypatch):
 
 
 def test_bad_flags_are_clear_errors(capsys):
-    with pytest.raises(SystemExit):
-        parse(["--kv-codec-options", "{not json"])
-    assert "valid JSON" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"kv_codec_options: must be a JSON object.*\(set by --kv-codec-options\)"):
+        engine_config_from_args(parse(["--kv-codec-options", "{not json"]))
     with pytest.raises(ValueError, match="unknown kv_codec 'nope'"):
         engine_config_from_args(parse(["--kv-codec", "nope"]))
     assert main(["generate", "--prompt", "x", "--kv-codec", "nope"]) == 1

@@ -70,6 +70,18 @@ def test_engine_perplexity_equals_transformers(tiny_llama, window, stride):
     assert engine.block_manager.num_free_blocks == 8  # borrowed blocks came back
 
 
+def test_perplexity_shows_a_progress_bar_of_windows_when_asked(tiny_llama, capsys):
+    from nanocore.engine.llm_engine import LLMEngine
+    engine = LLMEngine(EngineConfig(model=str(tiny_llama), block_size=8, num_kv_blocks=8, **CPU))
+    tokens = torch.randint(3, 256, (100,), generator=torch.Generator().manual_seed(1)).tolist()
+    quiet = perplexity(engine, tokens, 32, 32)
+    assert capsys.readouterr().err == ""
+    shown = perplexity(engine, tokens, 32, 32, progress=True)
+    err = capsys.readouterr().err
+    assert "perplexity" in err and f"{shown.num_windows}/{shown.num_windows}" in err
+    assert shown.perplexity == quiet.perplexity
+
+
 def test_prompt_logits_kv_from_cache_scores_through_the_codec(tiny_llama):
     """A whole window is one chunk: as a prefill it never reads the cache (same logits as bf16-like KV); with
     ``kv_from_cache`` it attends through the int8 cache, and perplexity scores that way."""
@@ -129,7 +141,7 @@ def test_cli_eval_ppl_on_default_model(tmp_path):
                              "--window", "256", "--num-kv-blocks", "32", "--json", str(out)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stderr
-    assert "perplexity" in result.stdout
+    assert "perplexity" in result.stdout and "window" in result.stderr  # the progress bar
     data = json.loads(out.read_text())
     assert 10 < data["result"]["perplexity"] < 100 and data["result"]["num_tokens"] == 598
     assert data["backends"]["kv_codec"] == "unquantized"

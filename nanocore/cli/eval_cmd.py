@@ -4,7 +4,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from nanocore.cli.common import add_engine_args, engine_config_from_args, engine_overrides, parse_inline_config
+from nanocore.cli.common import add_engine_args, engine_config_from_args, parse_inline_config
+from nanocore.config import engine_table
 
 PPL_COLUMNS = ["model", "linear_method", "kv_codec", "tokens", "windows", "nll", "perplexity", "tok/s"]
 COMPARE_COLUMNS = ["prompt", "prompt_tokens", "greedy_agreement", "first_divergence", "top1_agreement",
@@ -22,6 +23,7 @@ def register(subparsers) -> None:
     ppl.add_argument("--stride", type=int, default=None, help="tokens between window starts (default: window)")
     ppl.add_argument("--max-tokens", type=int, default=None, help="use only the first N corpus tokens")
     ppl.add_argument("--json", metavar="PATH", help="write the result as JSON")
+    ppl.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     add_engine_args(ppl)
     ppl.set_defaults(func=run_ppl)
 
@@ -44,7 +46,7 @@ def run_ppl(args) -> int:
     engine = LLMEngine(config)
     tokens = load_corpus_tokens(engine.tokenizer, args.text, args.max_tokens)
     window = min(args.window, engine.max_model_len)
-    result = perplexity(engine, tokens, window, args.stride or window)
+    result = perplexity(engine, tokens, window, args.stride or window, progress=not args.no_progress)
     row = {"model": config.model, "linear_method": engine.loaded.linear_method, "kv_codec": engine.runner.codec.name,
            "tokens": result.num_tokens, "windows": result.num_windows, "nll": result.nll,
            "perplexity": result.perplexity, "tok/s": result.tokens_per_s}
@@ -62,17 +64,11 @@ def backend_names(engine) -> dict[str, str]:
 
 def side_config(args, spec: str):
     """EngineConfig of one side: the shared flags, then the side's TOML file or inline fields."""
-    from nanocore.config import tomllib
-
-    path = Path(spec)
-    if spec.endswith(".toml") or path.is_file():
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        data = tomllib.loads(path.read_text())
-        fields = data.get("engine", data)
+    if spec.endswith(".toml") or Path(spec).is_file():
+        fields = engine_table(spec)
     else:
         fields = parse_inline_config(spec)
-    return engine_config_from_args(args, **{**engine_overrides(args), **fields})
+    return engine_config_from_args(args, **fields)
 
 
 def run_compare(args) -> int:

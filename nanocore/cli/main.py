@@ -62,11 +62,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def error_lines(exc: Exception) -> list[str]:
-    """A config validation error as one line per problem (not pydantic's block with its URLs); else the message."""
+    """A config error as one line per problem (not pydantic's block with its URLs); else the message."""
     from pydantic import ValidationError
 
-    from nanocore.cli.common import config_error_lines
+    from nanocore.config import ConfigError, config_error_lines
 
+    if isinstance(exc, ConfigError):
+        return exc.lines
     if isinstance(exc, ValidationError):
         return config_error_lines(exc)
     return [str(exc)]

@@ -18,14 +18,16 @@ Conversation = list[dict[str, Any]]
 
 
 class LLM:
-    """``LLM(model="default", **engine_config_fields)``; fields as in ``EngineConfig`` (NANOCORE_* env applies)."""
+    """``LLM(model="default", **engine_config_fields)``; fields as in ``EngineConfig`` (NANOCORE_* env applies). A bad
+    field raises ``nanocore.config.ConfigError`` (a ValueError) with one line per problem."""
 
     def __init__(self, model: str | None = None, *, config: EngineConfig | None = None, loaded_model=None,
                  **config_fields: Any):
         if config is None:
             config = EngineConfig.load(model=model, **config_fields)
-        elif model is not None or config_fields:
-            config = config.model_copy(update={"model": model or config.model, **config_fields})
+        elif model is not None or config_fields:  # validated like any keywords; the environment was applied already
+            config = EngineConfig.load(environ={}, **{**config.model_dump(exclude_unset=True), "model": model,
+                                                      **config_fields})
         self.config = config
         self.engine = LLMEngine(config, loaded_model=loaded_model)
 

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 LEE_CORPUS = Path("test") / "test_data" / "lee_background.cor"
 GENSIM_HINT = "pip install --no-deps gensim"
@@ -62,14 +63,16 @@ def window_spans(num_tokens: int, window: int, stride: int) -> list[tuple[int, i
     return spans
 
 
-def perplexity(engine, token_ids: list[int], window: int = 512, stride: int = 512) -> PerplexityResult:
-    """Perplexity of ``token_ids`` under ``engine`` (an idle LLMEngine)."""
+def perplexity(engine, token_ids: list[int], window: int = 512, stride: int = 512,
+               progress: bool = False) -> PerplexityResult:
+    """Perplexity of ``token_ids`` under ``engine`` (an idle LLMEngine); ``progress``: a bar of windows on stderr."""
     if len(token_ids) < 2:
         raise ValueError("perplexity needs at least 2 tokens of text")
     nll_sum, scored = 0.0, 0
     spans = window_spans(len(token_ids), window, stride)
     start = time.perf_counter()
-    for begin, end, num_scored in spans:
+    for begin, end, num_scored in tqdm(spans, desc="perplexity", unit="window", disable=not progress,
+                                       dynamic_ncols=True):
         ids = token_ids[begin:end]
         # through the quantized cache, so the perplexity gates measure the KV codec
         logits = engine.prompt_logits(ids, kv_from_cache=True)[-num_scored - 1:-1].float()
