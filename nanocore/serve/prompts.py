@@ -13,7 +13,7 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from nanocore.serve.protocol import bad_request
+from nanocore.serve.protocol import bad_request, check_unicode
 
 TOKENIZE_THREADS = 4  # more would only share the same cores; a pool bounds what one burst of requests holds
 BOUND_SLACK = 4  # NFC / NFKC compose at most a few characters into one (Hangul L+V+T: three)
@@ -54,14 +54,6 @@ def _keeps_text(node: dict | None) -> bool:
         pattern = node.get("pattern") or {}
         return "String" in pattern and len(node.get("content", "")) >= len(pattern["String"])
     return True
-
-
-def check_unicode(text: str, param: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise bad_request(f"{param} holds a lone surrogate ({text[exc.start]!r} at character {exc.start}), which "
-                          f"is not valid Unicode; send each UTF-16 surrogate pair whole", param) from None
 
 
 class PromptPreparer:
@@ -148,10 +140,17 @@ class PromptPreparer:
     async def detokenize(self, token_ids: list[int]) -> str:
         if self.tokenizer is None:
             raise bad_request("this model has no tokenizer, so token ids cannot become text", "tokens")
-        vocab = self.vocab_size or len(self.tokenizer)
-        if not all(0 <= t < vocab for t in token_ids):
+        vocab = self.vocab_size or getattr(self.tokenizer, "vocab_size", None)
+        if vocab and not all(0 <= t < vocab for t in token_ids):
             raise bad_request(f"token ids must be in [0, {vocab}) for this model", "tokens")
         try:
             return await self.off_loop(self.tokenizer.decode, token_ids)
-        except (ValueError, TypeError, OverflowError) as exc:  # an id the tokenizer has no text for
-            raise bad_request(f"the tokenizer cannot decode these ids: {exc}", "tokens") from None
+        except (ValueError, TypeError, IndexError, OverflowError) as exc:  # an id the tokenizer has no text for
+            raise bad_request(f"the tokenizer cannot decode these token ids: {exc}", "tokens") from None
+
+    def token_strs(self, token_ids: list[int]) -> list[str]:
+        """Each token's own text (its vocabulary entry where the tokenizer has one)."""
+        convert = getattr(self.tokenizer, "convert_ids_to_tokens", None)
+        if convert is not None:
+            return convert(token_ids)
+        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in token_ids]

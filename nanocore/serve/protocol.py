@@ -29,6 +29,15 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 
 
+def check_unicode(text: str, param: str) -> None:
+    """A lone surrogate (JSON allows the escape "\\ud800") cannot be encoded: say so instead of failing later."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(f"{param} holds a lone surrogate ({text[exc.start]!r} at character {exc.start}), which "
+                          f"is not valid Unicode; send each UTF-16 surrogate pair whole", param) from None
+
+
 class StreamOptions(BaseModel):
     include_usage: bool = False
 
@@ -61,10 +70,7 @@ class SamplingFields(BaseModel):
         if len(stops) > MAX_STOP_STRINGS:
             raise bad_request(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
         for text in stops:
-            try:
-                text.encode("utf-8")
-            except UnicodeEncodeError:
-                raise bad_request("stop holds a lone surrogate, which is not valid Unicode", "stop") from None
+            check_unicode(text, "stop")
         if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
             raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
         defaults = SamplingParams()
@@ -128,6 +134,7 @@ class ChatMessage(BaseModel):
         for name in ("tool_calls", "function_call"):
             if (self.model_extra or {}).get(name):
                 raise bad_request(f"messages with {name} are not supported by nanocore", "messages")
+        check_unicode(content or "", "messages")
         return {"role": self.role, "content": content or ""}
 
 

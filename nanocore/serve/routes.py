@@ -65,7 +65,7 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
             text = await prompts.off_loop(prompts.render_chat, messages, body.add_generation_prompt,
                                           body.chat_template_kwargs)
             token_ids = await prompts.off_loop(prompts.encode, text, bool(body.add_special_tokens), "messages")
-        token_strs = prompts.tokenizer.convert_ids_to_tokens(token_ids) if body.return_token_strs else None
+        token_strs = prompts.token_strs(token_ids) if body.return_token_strs else None
         return {"count": len(token_ids), "max_model_len": state.max_model_len, "tokens": token_ids,
                 "token_strs": token_strs}
 
