@@ -54,6 +54,19 @@ def test_greedy_tokens_equal_the_offline_engine(server):
         assert got.usage.completion_tokens == 10 and got.usage.prompt_tokens == len(prompt)
 
 
+def test_a_list_of_prompts_is_one_batch_through_the_pipe(server):
+    url, _ = server
+    client = openai_client(url)
+    args = dict(model=MODEL, max_tokens=5, temperature=0, logprobs=0, extra_body={"ignore_eos": True})
+    batch = client.completions.create(prompt=PROMPTS, **args)
+    alone = [client.completions.create(prompt=p, **args).choices[0].logprobs.tokens for p in PROMPTS]
+    assert [c.logprobs.tokens for c in sorted(batch.choices, key=lambda c: c.index)] == alone
+    refused = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [[1, 2], [1, 99_999]],
+                                                        "max_tokens": 2}, timeout=30)
+    assert refused.status_code == 400 and "prompt 1" in refused.json()["error"]["message"]
+    assert kv_usage(url) == 0  # the first prompt of the refused batch was not left behind
+
+
 def test_concurrent_streams_finish_with_their_token_counts(server):
     url, _ = server
     client = openai_client(url)
