@@ -59,7 +59,7 @@ class EngineClient:
         self.info, self.tokenizer = transport.info, transport.tokenizer
         self.max_waiting_requests = max_waiting_requests
         self._requests: dict[str, _Handle] = {}  # until the request's last update (or abort)
-        self._lock = threading.Lock()  # the request table, the waiting count, closing, and sends in order
+        self._lock = threading.Lock()  # the request table, the waiting count and closing
         self._num_waiting = 0  # submitted, not yet admitted to a step (the 429 limit counts these)
         self._accepting = True
         self._closed = False  # the engine loop is gone: nothing will answer again
@@ -84,8 +84,8 @@ class EngineClient:
         with self._lock:
             self._check_admission()
             self._num_waiting += len(batch)
-            self._requests.update(handles)
-            self.transport.add(batch)
+            self._requests.update(handles)  # from here a stopped engine fails them: the add may go nowhere
+        self.transport.add(batch)  # not under the lock: a full pipe must not hold up the reader's deliveries
         futures = [handle.accepted for handle in handles.values()]
         try:
             await asyncio.wait(futures)
@@ -115,8 +115,9 @@ class EngineClient:
     def abort(self, request_id: str) -> None:
         """Stop a request and free its KV blocks (thread-safe; a finished or unknown id is ignored)."""
         with self._lock:
-            if self._requests.pop(request_id, None) is not None and not self._closed:
-                self.transport.abort(request_id)
+            known = self._requests.pop(request_id, None) is not None and not self._closed
+        if known:
+            self.transport.abort(request_id)
 
     def stop_accepting(self) -> None:
         """New requests get 503 from now on (shutdown started); running ones go on."""
@@ -124,9 +125,8 @@ class EngineClient:
 
     def abort_all(self, message: str = "the server is shutting down") -> None:
         """End every request in flight with a 503 error (their streams close cleanly); thread-safe."""
-        with self._lock:
-            if not self._closed:
-                self.transport.abort_all(message)
+        if not self._closed:
+            self.transport.abort_all(message)
 
     async def render_metrics(self) -> bytes:
         return await self.transport.render_metrics()
