@@ -1,4 +1,5 @@
-"""``nanocore serve``: the OpenAI-compatible HTTP server (completions, chat, models, health, version, metrics).
+"""``nanocore serve``: the OpenAI-compatible HTTP server (completions, chat, models, tokenize, detokenize, health,
+version, metrics).
 
 Engine flags, ``--config FILE.toml`` and ``NANOCORE_*`` environment choose the model and backends exactly as
 for ``LLM(...)``; ``GET /version`` reports the backends in use.
