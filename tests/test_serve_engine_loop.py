@@ -58,7 +58,7 @@ def test_client_disconnect_aborts_and_frees_kv_blocks():
     llm = tiny_llm(num_kv_blocks=256)
     block_manager = llm.engine.block_manager
     with running_server(llm) as (url, app):
-        front = app.state.serve.front
+        client = app.state.serve.client
         body = {"prompt": [3] * 40, "max_tokens": 3000, "ignore_eos": True, "stream": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
@@ -66,7 +66,7 @@ def test_client_disconnect_aborts_and_frees_kv_blocks():
                 next(lines)
             assert block_manager.num_free_blocks < block_manager.num_blocks
         assert wait_until(lambda: block_manager.num_free_blocks == block_manager.num_blocks)
-        assert not llm.engine.has_unfinished_requests() and front.num_waiting == 0
+        assert not llm.engine.has_unfinished_requests() and client.num_waiting == 0
         assert llm.stats().num_generated_tokens < 3000  # aborted, not run to the end
 
         # a non-streaming request whose client gives up is aborted too
@@ -129,22 +129,22 @@ def test_a_failing_step_fails_the_running_requests_only_and_the_loop_goes_on(mon
         assert responses[0].json()["usage"]["completion_tokens"] == 10
         assert "planted sampling failure" in responses[1].json()["error"]["message"]
         later = httpx.post(f"{url}/v1/completions", json={"prompt": [1], "max_tokens": 3}, timeout=60)
-        assert later.status_code == 200 and app.state.serve.front.is_alive
+        assert later.status_code == 200 and app.state.serve.client.is_alive
         assert llm.engine.block_manager.num_free_blocks == llm.engine.block_manager.num_blocks
 
 
 def test_a_dead_engine_loop_answers_503_instead_of_hanging(monkeypatch):
     llm = tiny_llm()
     with running_server(llm) as (url, app):
-        front = app.state.serve.front
+        client = app.state.serve.client
 
         def broken_step():
             raise SystemError("planted bug in the loop")
 
-        monkeypatch.setattr(front, "_step", broken_step)
+        monkeypatch.setattr(client.transport, "_step", broken_step)
         response = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 4}, timeout=30)
         assert response.status_code == 503 and "shut down" in response.json()["error"]["message"]
-        assert wait_until(lambda: not front.is_alive)
+        assert wait_until(lambda: not client.is_alive)
         assert httpx.get(f"{url}/health").status_code == 503
         again = httpx.post(f"{url}/v1/completions", json={"prompt": [1, 2], "max_tokens": 4}, timeout=30)
         assert again.status_code == 503

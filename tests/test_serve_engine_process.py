@@ -34,7 +34,7 @@ def server():
     app = create_process_app(tiny_config(), max_waiting_requests=64)
     with ServerThread(app) as url:
         yield url, app
-    assert not app.state.serve.front.is_alive  # shutdown stopped the child
+    assert not app.state.serve.client.is_alive  # shutdown stopped the child
 
 
 def kv_usage(url: str) -> float:
@@ -52,6 +52,19 @@ def test_greedy_tokens_equal_the_offline_engine(server):
                                         extra_body={"ignore_eos": True})
         assert got.choices[0].logprobs.tokens == [f"token_id:{t}" for t in want.outputs[0].token_ids]
         assert got.usage.completion_tokens == 10 and got.usage.prompt_tokens == len(prompt)
+
+
+def test_a_list_of_prompts_is_one_batch_through_the_pipe(server):
+    url, _ = server
+    client = openai_client(url)
+    args = dict(model=MODEL, max_tokens=5, temperature=0, logprobs=0, extra_body={"ignore_eos": True})
+    batch = client.completions.create(prompt=PROMPTS, **args)
+    alone = [client.completions.create(prompt=p, **args).choices[0].logprobs.tokens for p in PROMPTS]
+    assert [c.logprobs.tokens for c in sorted(batch.choices, key=lambda c: c.index)] == alone
+    refused = httpx.post(f"{url}/v1/completions", json={"model": MODEL, "prompt": [[1, 2], [1, 99_999]],
+                                                        "max_tokens": 2}, timeout=30)
+    assert refused.status_code == 400 and "prompt 1" in refused.json()["error"]["message"]
+    assert kv_usage(url) == 0  # the first prompt of the refused batch was not left behind
 
 
 def test_concurrent_streams_finish_with_their_token_counts(server):
@@ -102,13 +115,13 @@ def test_error_encoding_round_trip():
 
 def test_a_dead_engine_process_fails_requests_in_flight_and_health():
     app = create_process_app(tiny_config(), max_waiting_requests=8)
-    front = app.state.serve.front
+    client = app.state.serve.client
     with ServerThread(app) as url:
         body = {"model": MODEL, "prompt": [4] * 10, "max_tokens": 2000, "stream": True, "ignore_eos": True}
         with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as response:
             lines = response.iter_lines()
             next(line for line in lines if line.startswith("data: {"))
-            front._process.kill()
+            client.transport.process.kill()
             rest = "\n".join(lines)
         assert "engine stopped" in rest and "[DONE]" in rest
         assert httpx.get(f"{url}/health").status_code == 503
@@ -135,16 +148,16 @@ def test_tensor_parallel_engine_process_serves():
     expected = tiny_llm(tensor_parallel_size=2, num_kv_blocks=64).generate(
         [PROMPTS[0]], SamplingParams(temperature=0, max_tokens=6, ignore_eos=True), use_tqdm=False)
     assert got.choices[0].logprobs.tokens == [f"token_id:{t}" for t in expected[0].outputs[0].token_ids]
-    assert not app.state.serve.front.is_alive
+    assert not app.state.serve.client.is_alive
 
 
 EXIT_WITHOUT_CLOSE = """
 import os, sys
 from nanocore.config import EngineConfig
-from nanocore.serve.engine_process import EngineProcessFront
+from nanocore.serve.engine_process import ProcessTransport
 if __name__ == "__main__":
-    front = EngineProcessFront(EngineConfig(model="dummy:tiny-qwen2", device="cpu", num_kv_blocks=32))
-    print(front._process.pid, flush=True)
+    transport = ProcessTransport(EngineConfig(model="dummy:tiny-qwen2", device="cpu", num_kv_blocks=32))
+    print(transport.process.pid, flush=True)
 """
 
 

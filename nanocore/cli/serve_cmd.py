@@ -1,4 +1,5 @@
-"""``nanocore serve``: the OpenAI-compatible HTTP server (completions, chat, models, health, version, metrics).
+"""``nanocore serve``: the OpenAI-compatible HTTP server (completions, chat, models, tokenize, detokenize, health,
+version, metrics).
 
 Engine flags, ``--config FILE.toml`` and ``NANOCORE_*`` environment choose the model and backends exactly as
 for ``LLM(...)``; ``GET /version`` reports the backends in use.
@@ -9,6 +10,7 @@ import logging
 import os
 
 from nanocore.cli.common import add_engine_args, engine_config_from_args
+from nanocore.serve.body_limit import DEFAULT_MAX_BODY_MIB
 
 API_KEY_ENV = "NANOCORE_API_KEY"
 
@@ -26,6 +28,8 @@ def register(subparsers) -> None:
                    help="requests queued but not yet running before new ones get HTTP 429 (default 1024)")
     s.add_argument("--drain-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish on SIGTERM before they are aborted (default 30)")
+    s.add_argument("--max-body-mib", type=float, default=DEFAULT_MAX_BODY_MIB,
+                   help=f"largest request body in MiB; a larger one gets HTTP 413 (default {DEFAULT_MAX_BODY_MIB:g})")
     s.add_argument("--stream-interval", type=int, default=1,
                    help="tokens per streamed chunk after the first (default 1; larger = less HTTP work per token)")
     s.add_argument("--engine-process", choices=["auto", "on", "off"], default="auto",
@@ -42,15 +46,17 @@ def run(args) -> int:
 
     if args.max_waiting_requests < 1:
         raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
+    if not args.max_body_mib > 0:
+        raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
     config = engine_config_from_args(args)  # config errors before the model loads
     logging.getLogger("nanocore").setLevel(logging.INFO)
     api_key = args.api_key or os.environ.get(API_KEY_ENV)
     if use_engine_process(args.engine_process, config.device):
         app = create_process_app(config, args.served_model_name, api_key, args.max_waiting_requests,
-                                 args.drain_timeout, args.stream_interval)
+                                 args.drain_timeout, args.stream_interval, args.log_level, args.max_body_mib)
     else:
         app = create_app(LLM(config=config), args.served_model_name, api_key, args.max_waiting_requests,
-                         args.drain_timeout, args.stream_interval)
+                         args.drain_timeout, args.stream_interval, args.max_body_mib)
     backends = app.state.serve.backends
     print(f"nanocore serve: {app.state.serve.served_model_name} on http://{args.host}:{args.port}/v1 "
           f"({', '.join(f'{k}={v}' for k, v in backends.items())})", flush=True)

@@ -1,6 +1,7 @@
 """``LLM``: the offline API, mirroring vLLM's (``generate``, ``chat``) plus ``stream`` and ``stats``."""
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Iterator, Sequence as Seq
 
@@ -12,6 +13,8 @@ from nanocore.engine.heap import frozen_heap
 from nanocore.engine.llm_engine import LLMEngine
 from nanocore.engine.outputs import EngineStats, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
+
+logger = logging.getLogger("nanocore")
 
 Prompt = str | list[int]
 Conversation = list[dict[str, Any]]
@@ -49,14 +52,21 @@ class LLM:
         prompt_list = normalize_prompts(prompts)
         params_list = normalize_params(sampling_params, len(prompt_list))
         ids: list[str] = []
+        clamped: list[tuple[int, int]] = []  # (prompt tokens, max_tokens) of requests that the context cuts short
         with frozen_heap():  # from the first request on: no full GC scan of the model's heap mid-batch
             try:
                 for prompt, params in zip(prompt_list, params_list):
-                    ids.append(self.engine.add_request(prompt, params).request_id)
+                    request = self.engine.add_request(prompt, params)
+                    ids.append(request.request_id)
+                    num_prompt = len(request.prompt_token_ids)
+                    if params.max_tokens and num_prompt + params.max_tokens > self.engine.max_model_len:
+                        clamped.append((num_prompt, params.max_tokens))
             except BaseException:  # one bad prompt: drop the ones queued before it, or they run unseen later
                 for request_id in ids:
                     self.engine.abort_request(request_id)
                 raise
+            if clamped:
+                say_clamped(clamped, self.engine.max_model_len)
             return self._run(ids, use_tqdm)
 
     def chat(self, messages: Conversation | list[Conversation],
@@ -113,6 +123,14 @@ class LLM:
         finally:
             if not request.finished:
                 self.engine.abort_request(request.request_id)
+
+
+def say_clamped(clamped: list[tuple[int, int]], max_model_len: int) -> None:
+    """Once per call: max_tokens past the context is clamped to it, as vLLM does offline."""
+    prompt_tokens, max_tokens = clamped[0]
+    others = f" (and {len(clamped) - 1} more requests)" if len(clamped) > 1 else ""
+    logger.warning("max_tokens %d with a %d-token prompt is past max_model_len %d: at most %d tokens are generated%s",
+                   max_tokens, prompt_tokens, max_model_len, max_model_len - prompt_tokens, others)
 
 
 def normalize_prompts(prompts) -> list[Prompt]:

@@ -1,40 +1,17 @@
-"""Handing results from an engine loop thread to the asyncio side: per-request queues and their readers."""
+"""Handing results to the asyncio side: per-request queues and their readers, from another thread."""
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
 
-from nanocore.serve.protocol import APIError
-from nanocore.serve.request_state import RequestUpdate, TrackedRequest, merge_updates
-
-
-def check_admission(accepting: bool, closed: bool, num_waiting: int, limit: int) -> None:
-    """A new request's refusal, shared by both engine fronts: 503 while shutting down, 429 over the queue limit."""
-    if not accepting or closed:
-        raise APIError(503, "the server is shutting down", type="server_error", code="service_unavailable")
-    if num_waiting >= limit:
-        raise APIError(429, f"too many waiting requests ({num_waiting}, limit {limit}); retry later",
-                       type="rate_limit_error", code="rate_limit_exceeded")
-
-
-class LoopSink:
-    """Results of the loop thread to the asyncio side of this process: each request's event loop and queue."""
-
-    def accepted(self, tracked: TrackedRequest, exc: BaseException | None) -> None:
-        call_soon(tracked.loop, settle, tracked.accepted, exc)
-
-    def deliver(self, ready: list[tuple[TrackedRequest, RequestUpdate]]) -> None:
-        deliver_by_loop((tracked.loop, tracked.queue, update) for tracked, update in ready)
-
-    def started(self, tracked: TrackedRequest) -> None:
-        pass  # the AsyncEngine counts its own waiting requests
+from nanocore.serve.request_state import RequestUpdate, merge_updates
 
 
 class RequestStream:
     """The asyncio side of one request: iterate its (merged) updates; closing early aborts it."""
 
-    def __init__(self, front, request_id: str, queue: asyncio.Queue):
-        self.front, self.request_id, self.queue = front, request_id, queue
+    def __init__(self, client, request_id: str, queue: asyncio.Queue):
+        self.client, self.request_id, self.queue = client, request_id, queue
         self.finished = False
 
     async def updates(self) -> AsyncIterator[RequestUpdate]:
@@ -49,7 +26,7 @@ class RequestStream:
                 yield update
         finally:
             if not self.finished:  # the client went away (or the handler failed): free the KV blocks now
-                self.front.abort(self.request_id)
+                self.client.abort(self.request_id)
 
     async def result(self) -> RequestUpdate:
         """Wait for the end; the last update carries the whole output."""

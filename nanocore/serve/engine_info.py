@@ -1,4 +1,4 @@
-"""What the HTTP side needs to know about the engine it fronts, as plain data (it may live in another process)."""
+"""What the HTTP side needs to know about the engine it serves, as plain data (it may live in another process)."""
 from __future__ import annotations
 
 from typing import Any

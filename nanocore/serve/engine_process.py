@@ -2,12 +2,11 @@
 
 In one process the event loop's per-chunk work (SSE text, uvicorn writes: tens of microseconds per streamed
 token) and the engine thread's per-step host work share the GIL; at a few hundred concurrent streams that, not
-the GPU, sets the served throughput. Here the child process runs ``AsyncEngine``'s loop thread with a
-``PipeSink``; the HTTP process (``EngineProcessFront``) sends commands down one pipe and a reader thread turns the
-child's messages (one per step: every request's update) into the per-request asyncio queues.
+the GPU, sets the served throughput. Here a child process runs ``EngineLoop`` with a ``PipeSink``; in the HTTP
+process ``ProcessTransport`` sends the engine client's commands down one pipe, and its reader thread hands the
+child's messages (one per step: every request's update) to the client.
 
-Messages child -> HTTP: ``(kind, payload, started_ids)``; ``started_ids`` are requests that stopped waiting
-(the 429 limit counts waiting requests on the HTTP side). Kinds: ready, failed, accepted, updates, metrics, closed.
+Messages child -> HTTP are ``(kind, payload)``; kinds: ready, failed, accepted, updates, metrics, stopped, closed.
 """
 from __future__ import annotations
 
@@ -18,24 +17,16 @@ import logging
 import multiprocessing
 import signal
 import threading
-import uuid
 
-from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.delivery import (
-    RequestStream,
-    call_soon,
-    check_admission,
-    deliver,
-    deliver_by_loop,
-    settle,
-)
+from nanocore.serve.delivery import call_soon
 from nanocore.serve.protocol import APIError
-from nanocore.serve.request_state import RequestUpdate
+from nanocore.serve.request_state import NewRequest
 
 logger = logging.getLogger("nanocore.serve")
 
 CLOSE_BACKSTOP_S = 60.0  # after the drain timeout, the child gets this long to stop before it is killed
 METRICS_TIMEOUT_S = 10.0
+GONE = "the engine stopped before this request finished"
 
 
 def encode_error(exc: BaseException | None):
@@ -57,33 +48,30 @@ def decode_error(data) -> BaseException | None:
 
 
 class PipeSink:
-    """``AsyncEngine`` results down a pipe (one message per step); sends are serialised by a lock because the
-    command thread answers metrics requests on the same pipe."""
+    """The engine loop's results down a pipe; sends are serialised by a lock because the command thread answers
+    metrics requests on the same pipe."""
 
     def __init__(self, conn):
-        self.conn, self.lock, self.started_ids = conn, threading.Lock(), []
+        self.conn, self.lock = conn, threading.Lock()
 
     def send(self, kind: str, payload) -> None:
         with self.lock:
-            started, self.started_ids = self.started_ids, []
-            self.conn.send((kind, payload, started))
+            self.conn.send((kind, payload))
 
-    def accepted(self, tracked, exc: BaseException | None) -> None:
-        self.send("accepted", (tracked.request_id, encode_error(exc)))
+    def accepted(self, request_id: str, error: BaseException | None) -> None:
+        self.send("accepted", (request_id, encode_error(error)))
 
-    def deliver(self, ready) -> None:
-        self.send("updates", [(tracked.request_id, update) for tracked, update in ready])
+    def deliver(self, updates, started: list[str]) -> None:
+        self.send("updates", (updates, started))
 
-    def started(self, tracked) -> None:
-        with self.lock:
-            self.started_ids.append(tracked.request_id)
+    def stopped(self, message: str) -> None:
+        self.send("stopped", message)
 
 
 def child_main(config, commands, out, stream_interval: int, log_level: str) -> None:
     """The engine process: build the LLM, report ready (with the tokenizer), then obey commands until close."""
     from nanocore.engine.llm import LLM
-    from nanocore.serve.async_engine import AsyncEngine
-    from nanocore.serve.request_state import TrackedRequest
+    from nanocore.serve.engine_loop import EngineLoop
 
     # Ctrl-C / a service manager's SIGTERM reach the whole process group: the HTTP process drains, then closes us
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -92,44 +80,35 @@ def child_main(config, commands, out, stream_interval: int, log_level: str) -> N
     logging.getLogger("nanocore").setLevel(log_level.upper())
     sink = PipeSink(out)
     try:
-        front = AsyncEngine(LLM(config=config), max_waiting_requests=1 << 62, stream_interval=stream_interval,
-                            sink=sink)
-        sink.send("ready", (front.info, front.tokenizer))
+        loop = EngineLoop(LLM(config=config), stream_interval=stream_interval)
+        loop.start(sink)
+        sink.send("ready", (loop.info, loop.tokenizer))
     except BaseException as exc:  # the HTTP process reports it; nothing to serve
         sink.send("failed", f"{type(exc).__name__}: {exc}")
         return
     while True:
         try:
-            command = commands.recv()
+            kind, payload = commands.recv()
         except (EOFError, OSError):  # the HTTP process is gone: stop, abort what runs
-            command = ("close", 0.0)
-        kind = command[0]
+            kind, payload = "close", 0.0
         if kind == "add":
-            _, request_id, prompt_token_ids, params, streaming = command
-            front.add_tracked(TrackedRequest(request_id, prompt_token_ids, params, None, streaming, stream_interval))
+            loop.add(payload)
         elif kind == "abort":
-            front.abort(command[1])
+            loop.abort(payload)
         elif kind == "abort_all":
-            front.abort_all(command[1])
+            loop.abort_all(payload)
         elif kind == "metrics":
-            sink.send("metrics", (command[1], front.metrics.render()))
+            sink.send("metrics", (payload, loop.metrics.render()))
         elif kind == "close":
-            front.close(command[1])
+            loop.close(payload)
             sink.send("closed", None)
             return
 
 
-class _Handle:
-    __slots__ = ("loop", "queue", "accepted")
+class ProcessTransport:
+    """The engine client's transport to an engine in a child process (spawned: CUDA is never forked)."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop):
-        self.loop, self.queue, self.accepted = loop, asyncio.Queue(), loop.create_future()
-
-
-class EngineProcessFront:
-    """``AsyncEngine``'s interface over an engine in a child process (spawned: CUDA is never forked)."""
-
-    def __init__(self, config, max_waiting_requests: int = 1024, stream_interval: int = 1, log_level: str = "info"):
+    def __init__(self, config, stream_interval: int = 1, log_level: str = "info"):
         if stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1 (tokens per streamed chunk), got {stream_interval}")
         context = multiprocessing.get_context("spawn")
@@ -137,77 +116,54 @@ class EngineProcessFront:
         self._out, child_out = context.Pipe(duplex=False)
         # not a daemon: a daemonic process may not start the tensor-parallel workers; it stops when its command
         # pipe closes instead (close(), or this process exiting: the atexit hook, or being killed)
-        self._process = context.Process(target=child_main, name="nanocore-engine", daemon=False,
-                                        args=(config, child_commands, child_out, stream_interval, log_level))
-        self._process.start()
+        self.process = context.Process(target=child_main, name="nanocore-engine", daemon=False,
+                                       args=(config, child_commands, child_out, stream_interval, log_level))
+        self.process.start()
         child_commands.close()
         child_out.close()
         atexit.register(self._commands.close)  # runs before multiprocessing joins its children at exit
-        self.max_waiting_requests = max_waiting_requests
         self.info, self.tokenizer = self._wait_ready()
-        self._requests: dict[str, _Handle] = {}
-        self._lock = threading.Lock()  # waiting count, the request table, command sends
-        self._num_waiting = 0
-        self._accepting, self._closed = True, False
+        self._sink = None
+        self._send_lock = threading.Lock()
         self._metrics_waiters: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Future]] = {}
         self._metrics_ids = itertools.count()
         self._reader = threading.Thread(target=self._read, name="nanocore-engine-reader", daemon=True)
-        self._reader.start()
 
     def _wait_ready(self):
         try:
-            kind, payload, _ = self._out.recv()
+            kind, payload = self._out.recv()
         except (EOFError, OSError):
-            self._process.join(timeout=30)
-            raise RuntimeError(f"the engine process exited with code {self._process.exitcode} before it was "
+            self.process.join(timeout=30)
+            raise RuntimeError(f"the engine process exited with code {self.process.exitcode} before it was "
                                f"ready; its log above says why") from None
         if kind != "ready":
-            self._process.join(timeout=30)
+            self.process.join(timeout=30)
             raise RuntimeError(f"the engine process failed to start: {payload}")
         return payload
 
-    # ---- the asyncio side ----------------------------------------------------------------
+    # ---- the transport interface ---------------------------------------------------------------
+    def start(self, sink) -> None:
+        self._sink = sink
+        self._reader.start()
+
     @property
     def is_alive(self) -> bool:
-        return self._process.is_alive() and not self._closed
+        return self.process.is_alive() and self._reader.is_alive()
 
-    @property
-    def num_waiting(self) -> int:
-        return self._num_waiting
-
-    async def submit(self, prompt_token_ids: list[int], params: SamplingParams,
-                     streaming: bool = False) -> RequestStream:
-        request_id, handle = f"req-{uuid.uuid4().hex}", _Handle(asyncio.get_running_loop())
-        with self._lock:
-            check_admission(self._accepting, self._closed, self._num_waiting, self.max_waiting_requests)
-            self._num_waiting += 1
-            self._requests[request_id] = handle
-            self._commands.send(("add", request_id, prompt_token_ids, params, streaming))
-        try:
-            await handle.accepted
-        except asyncio.CancelledError:
-            self.abort(request_id)
-            raise
-        return RequestStream(self, request_id, handle.queue)
+    def add(self, requests: list[NewRequest]) -> None:
+        self._send(("add", requests))
 
     def abort(self, request_id: str) -> None:
-        with self._lock:
-            if self._requests.pop(request_id, None) is not None and not self._closed:
-                self._send(("abort", request_id))
+        self._send(("abort", request_id))
 
-    def stop_accepting(self) -> None:
-        self._accepting = False
-
-    def abort_all(self, message: str = "the server is shutting down") -> None:
-        with self._lock:
-            self._send(("abort_all", message))
+    def abort_all(self, message: str) -> None:
+        self._send(("abort_all", message))
 
     async def render_metrics(self) -> bytes:
         loop = asyncio.get_running_loop()
         token, future = next(self._metrics_ids), loop.create_future()
-        with self._lock:
-            self._metrics_waiters[token] = (loop, future)
-            self._send(("metrics", token))
+        self._metrics_waiters[token] = (loop, future)
+        self._send(("metrics", token))
         try:
             return await asyncio.wait_for(future, METRICS_TIMEOUT_S)
         except asyncio.TimeoutError:
@@ -216,77 +172,47 @@ class EngineProcessFront:
             self._metrics_waiters.pop(token, None)
 
     def close(self, drain_timeout_s: float = 0.0) -> None:
-        """Refuse new requests, let the child drain for up to ``drain_timeout_s`` and stop; kill it if it hangs."""
-        self._accepting = False
-        with self._lock:
-            self._send(("close", drain_timeout_s))
-        self._process.join(timeout=drain_timeout_s + CLOSE_BACKSTOP_S)
-        if self._process.is_alive():
+        """Let the child drain for up to ``drain_timeout_s`` and stop; kill it if it hangs."""
+        self._send(("close", drain_timeout_s))
+        self.process.join(timeout=drain_timeout_s + CLOSE_BACKSTOP_S)
+        if self.process.is_alive():
             logger.error("the engine process did not stop; killing it")
-            self._process.kill()
-            self._process.join()
-        self._reader.join(timeout=10)
+            self.process.kill()
+            self.process.join()
+        if self._reader.is_alive():
+            self._reader.join(timeout=10)
         atexit.unregister(self._commands.close)
         self._commands.close()
 
     def _send(self, command) -> None:
-        """Caller holds ``_lock``; a dead child is ignored here (the reader fails what was in flight)."""
-        try:
-            self._commands.send(command)
-        except (OSError, ValueError):
-            pass
+        """A dead child is ignored here (the reader tells the client, which fails what was in flight)."""
+        with self._send_lock:
+            try:
+                self._commands.send(command)
+            except (OSError, ValueError):
+                pass
 
-    # ---- the reader thread ---------------------------------------------------------------
+    # ---- the reader thread -------------------------------------------------------------------
     def _read(self) -> None:
         try:
             while True:
-                kind, payload, started = self._out.recv()
-                if started:
-                    with self._lock:
-                        self._num_waiting -= len(started)
+                kind, payload = self._out.recv()
                 if kind == "updates":
-                    self._dispatch(payload)
+                    self._sink.deliver(*payload)
                 elif kind == "accepted":
-                    self._settle_accepted(*payload)
+                    self._sink.accepted(payload[0], decode_error(payload[1]))
                 elif kind == "metrics":
                     loop, future = self._metrics_waiters.get(payload[0], (None, None))
                     if future is not None:
                         call_soon(loop, _set_result, future, payload[1])
+                elif kind == "stopped":
+                    self._sink.stopped(payload)
                 elif kind == "closed":
                     break
         except (EOFError, OSError):
-            logger.error("the engine process exited (code %s)", self._process.exitcode)
+            logger.error("the engine process exited (code %s)", self.process.exitcode)
         finally:
-            self._fail_the_rest()
-
-    def _dispatch(self, updates: list[tuple[str, RequestUpdate]]) -> None:
-        ready = []
-        with self._lock:
-            for request_id, update in updates:
-                handle = self._requests.pop(request_id) if update.finished else self._requests.get(request_id)
-                if handle is not None:  # else aborted here while the step ran
-                    ready.append((handle.loop, handle.queue, update))
-        deliver_by_loop(ready)
-
-    def _settle_accepted(self, request_id: str, error) -> None:
-        with self._lock:
-            handle = self._requests.pop(request_id, None) if error is not None else self._requests.get(request_id)
-        if handle is not None:
-            call_soon(handle.loop, settle, handle.accepted, decode_error(error))
-
-    def _fail_the_rest(self) -> None:
-        """The child is gone: every request still here ends with a 503 (or is refused, if not yet accepted)."""
-        with self._lock:
-            self._closed = True
-            handles, self._requests = list(self._requests.values()), {}
-        message = "the engine stopped before this request finished"
-        for handle in handles:
-            if not handle.accepted.done():
-                call_soon(handle.loop, settle, handle.accepted,
-                           APIError(503, message, type="server_error", code="service_unavailable"))
-            else:
-                call_soon(handle.loop, deliver, [(handle.queue, RequestUpdate(finished=True, error=message,
-                                                                                 status=503))])
+            self._sink.stopped(GONE)
 
 
 def _set_result(future: asyncio.Future, value) -> None:

@@ -8,8 +8,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from nanocore.engine.sampling_params import SamplingParams
-from nanocore.serve.async_engine import AsyncEngine
 from nanocore.serve.delivery import RequestStream
+from nanocore.serve.engine_client import EngineClient
 from nanocore.serve.protocol import APIError, bad_request
 from nanocore.serve.request_state import RequestUpdate
 from nanocore.serve.responses import ResponseShape, sse, usage
@@ -17,12 +17,12 @@ from nanocore.serve.responses import ResponseShape, sse, usage
 DONE = "data: [DONE]\n\n"
 
 
-async def generate(front: AsyncEngine, prompts: list[list[int]], params: SamplingParams, shape: ResponseShape,
+async def generate(client: EngineClient, prompts: list[list[int]], params: SamplingParams, shape: ResponseShape,
                    stream: bool, include_usage: bool, raw: Request) -> Response:
-    streams = await submit_all(front, prompts, params, stream)
+    streams = await submit_all(client, prompts, params, stream)
     prompt_tokens = sum(len(p) for p in prompts)
     if stream:
-        events = stream_events(front, streams, shape, params.n, prompt_tokens if include_usage else None)
+        events = stream_events(client, streams, shape, params.n, prompt_tokens if include_usage else None)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     updates = await wait_or_disconnect(streams, raw)
@@ -36,20 +36,13 @@ async def generate(front: AsyncEngine, prompts: list[list[int]], params: Samplin
     return JSONResponse(shape.body(choices, usage(prompt_tokens, completion_tokens)))
 
 
-async def submit_all(front: AsyncEngine, prompts: list[list[int]], params: SamplingParams,
+async def submit_all(client: EngineClient, prompts: list[list[int]], params: SamplingParams,
                      stream: bool) -> list[RequestStream]:
-    """Every prompt is accepted, or none is (those queued before a refusal are aborted)."""
-    streams: list[RequestStream] = []
+    """The prompts as one batch: every one is accepted, or none is."""
     try:
-        for token_ids in prompts:
-            streams.append(await front.submit(token_ids, params, streaming=stream))
-    except BaseException as exc:
-        for s in streams:
-            front.abort(s.request_id)
-        if isinstance(exc, ValueError):
-            raise bad_request(str(exc), "prompt" if "prompt" in str(exc) else None) from None
-        raise
-    return streams
+        return await client.submit(prompts, params, streaming=stream)
+    except ValueError as exc:
+        raise bad_request(str(exc), "prompt" if "prompt" in str(exc) else None) from None
 
 
 async def wait_or_disconnect(streams: list[RequestStream], raw: Request) -> list[RequestUpdate] | None:
@@ -61,9 +54,15 @@ async def wait_or_disconnect(streams: list[RequestStream], raw: Request) -> list
         watcher.cancel()
         return results.result()
     results.cancel()  # each stream's generator aborts its engine request as it unwinds
+    results.add_done_callback(_retrieve)  # a cancelled gather holds a CancelledError nobody else reads
     for s in streams:
-        s.front.abort(s.request_id)
+        s.client.abort(s.request_id)
     return None
+
+
+def _retrieve(future: asyncio.Future) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 async def _client_gone(raw: Request) -> None:
@@ -71,7 +70,7 @@ async def _client_gone(raw: Request) -> None:
         pass
 
 
-async def stream_events(front: AsyncEngine, streams: list[RequestStream], shape: ResponseShape, n: int,
+async def stream_events(client: EngineClient, streams: list[RequestStream], shape: ResponseShape, n: int,
                         prompt_tokens: int | None) -> AsyncIterator[str]:
     """SSE text: one write per engine update (all its choices' chunks), usage if asked, then [DONE]."""
     completion_tokens, text_offsets = 0, {}  # choice index -> characters streamed so far
@@ -96,7 +95,7 @@ async def stream_events(front: AsyncEngine, streams: list[RequestStream], shape:
     finally:
         for s in streams:
             if not s.finished:  # disconnect or error: free the KV blocks at once
-                front.abort(s.request_id)
+                client.abort(s.request_id)
 
 
 async def merged_updates(streams: list[RequestStream]) -> AsyncIterator[tuple[int, RequestUpdate]]:

@@ -1,9 +1,8 @@
 """One HTTP request inside the engine loop: what it has been sent so far, and what is new after a step."""
 from __future__ import annotations
 
-import asyncio
-import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from nanocore.engine.outputs import Logprob, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
@@ -47,24 +46,28 @@ class RequestUpdate:
         return bool(self.deltas) or self.finished
 
 
-class TrackedRequest:
-    """Owned by the engine loop thread once added; it hands updates to the asyncio side through ``queue``."""
+class NewRequest(NamedTuple):
+    """A request as the engine client sends it to the engine loop (plain data: it may cross a pipe)."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                 loop: asyncio.AbstractEventLoop | None, streaming: bool, stream_interval: int = 1):
-        self.request_id = request_id
-        self.streaming = streaming  # build deltas as tokens come (else only the final output)
+    request_id: str
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    streaming: bool  # build deltas as tokens come (else only the final output)
+    arrival_time: float  # time.perf_counter() at submission (monotonic: comparable across processes of a host)
+
+
+class TrackedRequest:
+    """One request inside the engine loop: what it has sent so far. Owned by the loop thread."""
+
+    def __init__(self, new: NewRequest, stream_interval: int = 1):
+        self.request_id = new.request_id
+        self.streaming = new.streaming
         self.stream_interval = stream_interval  # tokens per delta after the first one (fewer, larger chunks)
-        self.prompt_token_ids = prompt_token_ids
-        self.params = params
-        self.loop = loop  # None in an engine process: the HTTP process holds the queue and the future
-        self.queue: asyncio.Queue[RequestUpdate] | None = asyncio.Queue() if loop is not None else None
-        self.accepted: asyncio.Future | None = loop.create_future() if loop is not None else None
         self.engine_request = None  # the engine's Request, once the loop thread added it
-        self.num_seen = [0] * params.n  # output tokens per sample at the last step (times TTFT / ITL)
-        self.num_sent = [0] * params.n  # output tokens per sample already in a delta
+        self.num_seen = [0] * new.params.n  # output tokens per sample at the last step (times TTFT / ITL)
+        self.num_sent = [0] * new.params.n  # output tokens per sample already in a delta
         self.started = False  # admitted to a step at least once (no longer counts as waiting)
-        self.arrival_time = time.perf_counter()
+        self.arrival_time = new.arrival_time
         self.first_token_time: float | None = None
         self.last_token_time: float | None = None
 

@@ -13,7 +13,9 @@ from fastapi import FastAPI
 
 from nanocore.engine.llm import LLM
 from nanocore.serve.api import ServerState, build_app
-from nanocore.serve.async_engine import AsyncEngine
+from nanocore.serve.body_limit import DEFAULT_MAX_BODY_MIB
+from nanocore.serve.engine_client import EngineClient
+from nanocore.serve.engine_loop import EngineLoop
 
 #: The engine thread waits for the GPU with the GIL released; when the wait ends it must get the GIL back from
 #: the HTTP thread within about this long (Python's default, 5 ms, can idle the GPU for a whole decode step).
@@ -22,21 +24,28 @@ SHUTDOWN_BACKSTOP_S = 10.0  # uvicorn cancels what is left this long after the d
 
 
 def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | None = None,
-               max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1) -> FastAPI:
-    """The app with its engine loop already running (it stops at the app's shutdown)."""
-    front = AsyncEngine(llm, max_waiting_requests=max_waiting_requests, stream_interval=stream_interval)
-    return build_app(ServerState(front, served_model_name, api_key, drain_timeout_s))
+               max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1,
+               max_body_mib: float = DEFAULT_MAX_BODY_MIB) -> FastAPI:
+    """The app with its engine loop already running in a thread (it stops at the app's shutdown)."""
+    client = EngineClient(EngineLoop(llm, stream_interval=stream_interval), max_waiting_requests)
+    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), _bytes(max_body_mib))
 
 
 def create_process_app(config, served_model_name: str | None = None, api_key: str | None = None,
                        max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1,
-                       log_level: str = "info") -> FastAPI:
+                       log_level: str = "info", max_body_mib: float = DEFAULT_MAX_BODY_MIB) -> FastAPI:
     """The app over an engine in its own process (``engine_process.py``): HTTP and engine do not share a GIL."""
-    from nanocore.serve.engine_process import EngineProcessFront
+    from nanocore.serve.engine_process import ProcessTransport
 
-    front = EngineProcessFront(config, max_waiting_requests=max_waiting_requests, stream_interval=stream_interval,
-                               log_level=log_level)
-    return build_app(ServerState(front, served_model_name, api_key, drain_timeout_s))
+    client = EngineClient(ProcessTransport(config, stream_interval=stream_interval, log_level=log_level),
+                          max_waiting_requests)
+    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), _bytes(max_body_mib))
+
+
+def _bytes(mib: float) -> int:
+    if not mib > 0:
+        raise ValueError(f"the request body limit must be > 0 MiB, got {mib}")
+    return int(mib * (1 << 20))
 
 
 def serve(app: FastAPI, host: str, port: int, drain_timeout_s: float = 30.0, log_level: str = "info") -> None:
@@ -45,20 +54,20 @@ def serve(app: FastAPI, host: str, port: int, drain_timeout_s: float = 30.0, log
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level, timeout_keep_alive=30,
                             timeout_graceful_shutdown=drain_timeout_s + SHUTDOWN_BACKSTOP_S)
-    DrainingServer(config, app.state.serve.front, drain_timeout_s).run()
+    DrainingServer(config, app.state.serve.client, drain_timeout_s).run()
 
 
 class DrainingServer(uvicorn.Server):
     """uvicorn's graceful shutdown, plus: after ``drain_timeout_s`` the requests still running are ended by the
-    engine front (a clean 503 / stream error event) instead of uvicorn cancelling their tasks."""
+    engine client (a clean 503 / stream error event) instead of uvicorn cancelling their tasks."""
 
-    def __init__(self, config: uvicorn.Config, front: AsyncEngine, drain_timeout_s: float):
+    def __init__(self, config: uvicorn.Config, client: EngineClient, drain_timeout_s: float):
         super().__init__(config)
-        self.front, self.drain_timeout_s = front, drain_timeout_s
+        self.client, self.drain_timeout_s = client, drain_timeout_s
 
     async def shutdown(self, sockets=None) -> None:
-        self.front.stop_accepting()
-        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self.front.abort_all)
+        self.client.stop_accepting()
+        timer = asyncio.get_running_loop().call_later(self.drain_timeout_s, self.client.abort_all)
         try:
             await super().shutdown(sockets)
         finally:
