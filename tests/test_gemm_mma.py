@@ -7,7 +7,7 @@ import torch
 
 from nanocore.toolkit.gemm import GemmConfig, weight_only_linear, weight_only_linear_torch
 from nanocore.toolkit.gemm_config import weight_only_config
-from nanocore.toolkit.kernel_plan import KERNEL_PLANS, check_plan, kernel_for, switch_points
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, METHOD_FORMATS, check_plan, kernel_for, switch_points
 from nanocore.toolkit.numerics import awq_dequantize, awq_pack, quantize_fp8_per_row, quantize_int8_per_row
 
 interpreter = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
@@ -105,3 +105,30 @@ def test_awq_mma_bf16_on_cuda(m, k, group):
     for cfg in [GemmConfig("mma", 128, 128, 64, num_warps=8), GemmConfig("mma", 64, 128, 128, swap_ab=False),
                 GemmConfig("mma", 256, 128, 64, num_warps=8, num_stages=3), GemmConfig("dequant")]:
         assert _err(_awq_run(x, packed, bias, cfg), expected) < 1e-2, cfg
+
+
+@interpreter
+@pytest.mark.parametrize("name", sorted(METHOD_FORMATS))
+def test_each_side_of_every_kernel_threshold_matches_the_torch_twin(name):
+    """Each weight-only method declares its format's plan; at M = t and t + 1 of every switch point the kernel the
+    plan picks (run in the interpreter) agrees with the method's torch twin (what ``apply`` runs on CPU)."""
+    from nanocore.bench.linear import build_layer
+    from nanocore.plugins import get_registry
+    try:
+        cls = get_registry().get("linear_method", name).cls
+    except Exception as exc:  # the plugin is not installed here
+        pytest.skip(f"{name} is not installed: {exc}")
+    assert cls.kernel_plan == KERNEL_PLANS[METHOD_FORMATS[name]]
+    assert cls.kernel_thresholds == switch_points(cls.kernel_plan) and cls.kernel_thresholds
+    torch.manual_seed(len(name))
+    method, layer = build_layer(cls, {}, torch.randn(48, 256) * 0.1, torch.float32)
+    for t in cls.kernel_thresholds:
+        for m in (t, t + 1):
+            x = torch.randn(m, 256)
+            expected = method.apply(layer, x)
+            if METHOD_FORMATS[name] == "int4_group":
+                got = pytest.importorskip("nanocore_awq.kernels").awq_linear_triton(
+                    x, layer.qweight, layer.qzeros, layer.scales)
+            else:
+                got = weight_only_linear(x, layer.weight, layer.weight_scale)
+            assert _err(got, expected) <= 1e-3, (name, m, kernel_for(cls.kernel_plan, m))  # awq: fp16 scales
