@@ -66,7 +66,7 @@ def test_kernel_plans_are_well_formed_and_switch_where_they_say(fmt):
     check_plan(plan)
     for t in switch_points(plan):
         assert kernel_for(plan, t) != kernel_for(plan, t + 1)
-    assert weight_only_config(1, 64, 64, plan).kind in ("gemv", "splitk")
+    assert weight_only_config(1, 64, 64, fmt).kind in ("gemv", "splitk")
 
 
 def test_bad_kernel_plans_are_refused():

@@ -34,11 +34,11 @@ from nanocore.toolkit.gemm_config import (  # DECODE_MAX_M and default_config: r
     GemmConfig,
     default_config,  # noqa: F401
     int8_int8_config,
+    mma_config,
     weight_only_config,
 )
 from nanocore.toolkit.gemm_mma import dequantize_channel, launch_mma
 from nanocore.toolkit.gemv import launch_gemv
-from nanocore.toolkit.kernel_plan import KERNEL_PLANS
 from nanocore.toolkit.splitk import (  # noqa: F401  (public here too)
     _LOCKS,
     W_FP8,
@@ -92,11 +92,11 @@ def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tenso
     if m == 0:
         return torch.empty((*lead, n), dtype=x.dtype, device=x.device)
     fp8 = weight.dtype == torch.float8_e4m3fn
-    cfg = config or weight_only_config(m, n, k, KERNEL_PLANS["fp8_channel" if fp8 else "int8_channel"])
+    cfg = config or weight_only_config(m, n, k, "fp8_channel" if fp8 else "int8_channel")
     if cfg.kind == "scaled_mm":
         if fp8 and scaled_mm_fits(x2, weight):
             return fp8_dynamic_linear(x2, weight, scale, bias).reshape(*lead, n)
-        cfg = weight_only_config(m, n, k, KERNEL_PLANS["int8_channel"])  # the mma tiles, as for int8
+        cfg = mma_config(m, n, k, "fp8_channel")
     w_kind, w = W_INT8, weight
     if fp8:
         native = converts_fp8(x.device) if cfg.fp8_native is None else cfg.fp8_native

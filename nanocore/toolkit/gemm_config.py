@@ -62,28 +62,35 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
     return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
-#: mma tiles per M bucket (largest M, block_m, block_n, block_k, warps, stages); ``nanocore tune linear`` times others.
-MMA_TILES = ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4))
+#: mma tiles per weight format and M bucket: (largest M, block_m, block_n, block_k, warps, stages), the fastest of
+#: ``nanocore tune linear`` (docs/benchmarks-quant.md).
+MMA_TILES = {
+    "int8_channel": ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4)),
+    "fp8_channel": ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4)),
+    "int4_group": ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4)),
+}
 
 
-def mma_config(m: int, n: int, k: int) -> GemmConfig:
-    """The mixed-input tensor-core tiles for ``m`` tokens (``block_m`` counts tokens, ``block_n`` weight rows)."""
-    for largest, bm, bn, bk, warps, stages in MMA_TILES:
+def mma_config(m: int, n: int, k: int, fmt: str = "int8_channel") -> GemmConfig:
+    """The mixed-input tensor-core tiles of weight format ``fmt`` for ``m`` tokens (``block_m`` counts tokens,
+    ``block_n`` weight rows)."""
+    for largest, bm, bn, bk, warps, stages in MMA_TILES[fmt]:
         if largest is None or m <= largest:
             return GemmConfig("mma", block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
     raise AssertionError("MMA_TILES ends with an unbounded row")
 
 
-def weight_only_config(m: int, n: int, k: int, plan: tuple = KERNEL_PLANS["int8_channel"]) -> GemmConfig:
-    """The config of the kernel that ``plan`` (a row of ``kernel_plan.KERNEL_PLANS``) runs at ``m``: the M = 1 GEMV,
-    the split-K decode tiles (``block_m`` is rounded up to M by the launcher), the mma tiles, or a library GEMM."""
-    kernel = kernel_for(plan, m)
+def weight_only_config(m: int, n: int, k: int, fmt: str = "int8_channel") -> GemmConfig:
+    """The config of the kernel that weight format ``fmt``'s plan (``kernel_plan.KERNEL_PLANS``) runs at ``m``: the
+    M = 1 GEMV, the split-K decode tiles (``block_m`` is rounded up to M by the launcher), the mma tiles, or a
+    library GEMM."""
+    kernel = kernel_for(KERNEL_PLANS[fmt], m)
     if kernel == "gemv":
         return default_config(1, n, k)
     if kernel in ("splitk", "cuda_gemv"):
         return default_config(min(max(m, 2), DECODE_MAX_M), n, k)
     if kernel == "mma":
-        return mma_config(m, n, k)
+        return mma_config(m, n, k, fmt)
     return GemmConfig(kernel)
 
 

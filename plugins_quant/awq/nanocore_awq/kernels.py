@@ -23,7 +23,7 @@ from nanocore.toolkit.gemm import (
     split_k_for,
     splitk_workspace,
 )
-from nanocore.toolkit.gemm_config import mma_config, weight_only_config
+from nanocore.toolkit.gemm_config import weight_only_config
 from nanocore.toolkit.gemm_int4 import awq_dequantize_gpu, awq_mma_linear
 from nanocore.toolkit.kernel_plan import KERNEL_PLANS, kernel_for
 from nanocore.toolkit.numerics import awq_dequantize
@@ -83,7 +83,7 @@ def awq_default_config(m: int, n: int, k: int) -> GemmConfig:
         if m == 1:
             return GemmConfig("splitk", block_m=1, block_n=128, block_k=128, num_warps=4)
         return GemmConfig("splitk", block_m=16, block_n=64, block_k=128, num_warps=4)
-    return mma_config(m, n, k) if kernel == "mma" else weight_only_config(m, n, k, AWQ_PLAN)
+    return weight_only_config(m, n, k, "int4_group")
 
 
 def awq_linear_triton(x, qweight, qzeros, scales, bias=None, config: GemmConfig | None = None):
