@@ -30,8 +30,8 @@ from nanocore.toolkit.checkpoint_support import (
     weight_only_int_support,
 )
 from nanocore.toolkit.gemm import gemm_input_rows
-from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.int_packing import dequantize_int, pack_quantized_tensors
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, pack_int4_awq
 from nanocore_awq.kernels import run_awq_kernel
 from nanocore_awq.wna16_layouts import LAYOUTS, canonical_tensors

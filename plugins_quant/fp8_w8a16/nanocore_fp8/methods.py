@@ -18,8 +18,8 @@ from nanocore.toolkit.capability import cuda_capability_reason, kernel_uses_trit
 from nanocore.toolkit.checkpoint import fp8_activation_scheme, fp8_weight_blocks, quantize_checkpoint_linears
 from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
-from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.gemm_block import block_scaled_linear, block_scaled_linear_torch
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_activations, quantize_fp8_weight
 from nanocore.toolkit.weights import BlockScaledWeights, ChannelScaledWeights
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
