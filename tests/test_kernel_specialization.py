@@ -29,7 +29,10 @@ PER_BATCH = {
     ("nanocore.toolkit.gemm_block", "_block_scaled_kernel"): {"M"},
     ("nanocore.toolkit.act_quant", "_per_token_quant_kernel"): set(),  # rows in the grid; K fixed per layer
     ("nanocore_awq.kernels", "_awq_splitk_kernel"): {"M"},
-    ("nanocore_awq.kernels", "_awq_gemm_kernel"): {"M"},
+    ("nanocore.toolkit.gemm_mma", "_mma_channel_kernel"): {"M"},
+    ("nanocore.toolkit.gemm_mma", "_dequant_channel_kernel"): set(),  # weight shape only
+    ("nanocore.toolkit.gemm_int4", "_awq_mma_kernel"): {"M"},
+    ("nanocore.toolkit.gemm_int4", "_awq_dequant_kernel"): set(),  # weight shape only
     ("nanocore_triton_fused_moe.kernels", "gate_up_silu_kernel"): {"num_blocks", "num_slots"},
     ("nanocore_triton_fused_moe.kernels", "down_kernel"): {"num_blocks", "num_slots"},
 }

@@ -99,10 +99,10 @@ def test_unknown_config_kinds_are_refused():
     from nanocore.toolkit.gemm import GemmConfig, weight_only_linear
     x = torch.randn(2, 128)
     q, s = quantize_fp8_per_row(torch.randn(32, 128))
-    with pytest.raises(ValueError, match="configs are 'gemv', 'splitk' or 'tiled', not 'gemm'"):
+    with pytest.raises(ValueError, match="configs are 'gemv', 'splitk', 'mma', 'tiled', 'dequant' or 'scaled_mm', not 'gemm'"):
         weight_only_linear(x, q, s, None, GemmConfig("gemm", 1, 32, 64))
     nanocore_awq = pytest.importorskip("nanocore_awq.kernels")
-    with pytest.raises(ValueError, match="awq configs are 'splitk' or 'tiled', not 'gemm'"):
+    with pytest.raises(ValueError, match="awq configs are 'splitk', 'mma', 'tiled' or 'dequant', not 'gemm'"):
         nanocore_awq.awq_linear_triton(x, **awq_pack(torch.randn(32, 128), 128), config=GemmConfig("gemm", 1, 32, 64))
 
 
@@ -134,6 +134,6 @@ def test_weight_only_configs_keep_split_k_up_to_32_rows():
     # one row tile streams each weight byte once; the tiled GEMM left most SMs idle at M = 32 (batch-32 decode)
     from nanocore.toolkit.gemm_config import SPLITK_MAX_M, default_config, int8_int8_config, weight_only_config
     assert [weight_only_config(m, 3584, 18944).kind for m in (1, 16, 17, 32, 33)] == \
-        ["gemv", "splitk", "splitk", "splitk", "tiled"]
+        ["gemv", "splitk", "splitk", "splitk", "mma"]
     assert SPLITK_MAX_M == 32 and default_config(32, 3584, 18944).kind == "tiled"  # block-scaled GEMMs keep it
     assert int8_int8_config(32, 3584, 18944).kind == "tiled"  # the int8 x int8 path has no split-K kernel

@@ -24,6 +24,8 @@ from nanocore.toolkit.timing import graph_time_ms
 SHAPES = {
     "qwen2.5-7b": {"qkv_proj": (4608, 3584), "o_proj": (3584, 3584), "gate_up_proj": (37888, 3584),
                    "down_proj": (3584, 18944)},
+    "llama-3.1-8b": {"qkv_proj": (6144, 4096), "o_proj": (4096, 4096), "gate_up_proj": (28672, 4096),
+                     "down_proj": (4096, 14336)},
     "tiny": {"qkv_proj": (192, 128), "o_proj": (128, 128), "gate_up_proj": (512, 128), "down_proj": (128, 256)},
 }
 BASELINE = "unquantized"
@@ -193,7 +195,7 @@ def installed_methods(device: torch.device, wanted: list[str] | None) -> tuple[d
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--methods", default=None, help="comma-separated linear methods (default: all installed)")
     parser.add_argument("--shapes", default="qwen2.5-7b", choices=sorted(SHAPES), help="layer shapes (default 7B)")
-    parser.add_argument("--ms", default="1,16,256,1024,4096", help="comma-separated token counts M")
+    parser.add_argument("--ms", default="1,16,64,256,512,1024,4096", help="comma-separated token counts M")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, choices=sorted(DTYPES),
                         help="activation dtype (default bfloat16 on CUDA, float32 on CPU)")

@@ -1,4 +1,5 @@
-"""``nanocore tune moe --model M``: tune an MoE executor's kernels for a model's expert shape on this GPU.
+"""``nanocore tune moe --model M``: tune an MoE executor's kernels for a model's expert shape on this GPU;
+``nanocore tune linear``: time each weight-only linear method's kernels per M (``nanocore.bench.linear_tune``).
 
 The shape comes from the model's config (a checkpoint folder or ``dummy:PRESET``) and the parallel
 layout: expert parallel splits the experts, tensor parallel (without EP) splits each expert's
@@ -29,6 +30,21 @@ def register(subparsers) -> None:
     moe.add_argument("--weight-format", default="float", choices=["float", "fp8_channel"],
                      help="expert weights to tune for: float (the dtype) or fp8_channel (fp8 experts, their own table)")
     moe.set_defaults(func=run_tune_moe)
+    linear = kinds.add_parser("linear", help="time every kernel of the weight-only linear methods per M (GPU)")
+    linear.add_argument("--methods", default=None, help="comma-separated methods (default int8_w8a16,fp8_w8a16,awq)")
+    linear.add_argument("--shapes", default="llama-3.1-8b", help="layer shapes of `bench linear` (default Llama-3.1-8B)")
+    linear.add_argument("--ms", default="1,16,32,64,256,512,1024,4096", help="comma-separated token counts M")
+    linear.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
+    linear.add_argument("--json", metavar="PATH", help="write every timing as JSON")
+    linear.set_defaults(func=run_tune_linear)
+
+
+def run_tune_linear(args: argparse.Namespace) -> int:
+    from nanocore.bench.linear_tune import run_tune_linear as run
+
+    if not torch.cuda.is_available():
+        raise RuntimeError("nanocore tune linear times GPU kernels: run it on a machine with a CUDA GPU")
+    return run(args)
 
 
 def expert_shape(hf_config, tp: int, ep: int) -> dict:

@@ -32,6 +32,15 @@ module                          what it offers
                                 (``block_scaled_linear``), its torch reference, blockwise dequantization
 ``toolkit.gemv``                the M = 1 CUDA-core GEMV for one-byte weights (``GemmConfig(kind="gemv")``), the
                                 int8 exponent-trick widening ``widen_byte_weights``
+``toolkit.splitk``              what the weight-only GEMMs share: ``split_k_for``, ``splitk_workspace``, and the
+                                ``@triton.jit`` helpers ``splitk_finish``, ``widen``, ``grouped_tile``
+``toolkit.gemm_mma``            mixed-input tensor-core GEMM for per-channel int8 / fp8 weights (``launch_mma``,
+                                ``GemmConfig(kind="mma")``, the weight tile as the dot's first operand), and
+                                ``dequantize_channel`` (``kind="dequant"``)
+``toolkit.gemm_int4``           the same for AutoAWQ-layout int4 groups (``awq_mma_linear``, ``awq_dequantize_gpu``)
+                                and its unpacking helpers (``awq_weight_tile``, ``awq_int4_tile``)
+``toolkit.kernel_plan``         which kernel a weight-only method runs per M (``KERNEL_PLANS``, ``kernel_for``,
+                                ``switch_points``): the thresholds, stated once; methods declare ``kernel_plan``
 ``toolkit.cuda_library``        CUDA C++ kernels compiled by nvcc on first use into a cached shared library called
                                 through ctypes (``load_cuda_library``; since 1.3)
 ``toolkit.act_quant``           dynamic per-token int8 / fp8 activation quantization in one Triton pass

@@ -1,19 +1,23 @@
 """Triton GEMMs for weights quantized per output channel (fp8 e4m3 or int8), dequantized in registers.
 
-``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``. Three kernels:
+``y = (x @ Wq^T) * scale + bias`` with ``Wq [N, K]`` and float32 ``scale [N]``. :func:`weight_only_linear` runs the
+kernel that ``kernel_plan.KERNEL_PLANS`` names for M (or the one a :class:`GemmConfig` asks for):
 
-* ``gemv`` (M = 1, the default there): CUDA-core GEMV in :mod:`nanocore.toolkit.gemv`.
-* ``splitk`` (decode and small batches, M <= ``SPLITK_MAX_M``: the default config up to ``DECODE_MAX_M``,
-  weight-only GEMMs up to ``SPLITK_MAX_M``): each program streams ``BLOCK_N`` weight rows over one K slice for all
-  tokens, so even N = 3584 keeps every SM busy; the last slice to finish sums the fp32 partials
+* ``gemv`` (M = 1): CUDA-core GEMV in :mod:`nanocore.toolkit.gemv`.
+* ``splitk`` (decode and small batches, M <= ``SPLITK_MAX_M``): each program streams ``BLOCK_N`` weight rows over
+  one K slice for all tokens, so even N = 3584 keeps every SM busy; the last slice to finish sums the fp32 partials
   (one launch, deterministic). M = 1..2 reduce with FMAs, larger M with ``tl.dot``.
-* ``tiled`` (prefill): grouped-order tiled GEMM; with int8 activations (``int8_w8a8``) an int8 ``tl.dot``.
+* ``mma`` (larger M): mixed-input tensor-core tiles, :mod:`nanocore.toolkit.gemm_mma`; ``dequant``: the weight
+  widened into a transient buffer, then the library GEMM; ``scaled_mm`` (fp8 on sm_89+): activations rounded to
+  fp8 per token, fp8 tensor cores (``torch._scaled_mm``).
+* ``tiled``: grouped-order tiled GEMM; with int8 activations (``int8_w8a8``) an int8 ``tl.dot``.
 
 fp8 converts natively on sm_89+; elsewhere (and in the Triton interpreter) it is read as uint8 and widened
 with integer ops: e4m3 bits shifted into an fp16 are the value / 256, so 256 is folded into the scale.
-Launch parameters are a :class:`GemmConfig`, picked per shape in :mod:`nanocore.toolkit.gemm_config` (also
-importable from here; ``plugins_quant/tune_linear_gpu.py`` times several).
-Torch reference: :func:`weight_only_linear_torch`. Used by the fp8, int8 and awq plugins.
+Launch parameters are a :class:`GemmConfig` (:mod:`nanocore.toolkit.gemm_config`, also importable from here;
+``nanocore tune linear`` times several). Torch reference: :func:`weight_only_linear_torch`.
+Split-K helpers (``splitk_finish``, ``splitk_workspace``, ...) live in :mod:`nanocore.toolkit.splitk` and are
+re-exported here. Used by the fp8, int8 and awq plugins.
 """
 from __future__ import annotations
 
@@ -22,24 +26,38 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from nanocore.kernels.device import converts_fp8, sm_count
+from nanocore.kernels.device import converts_fp8, interpreting
+from nanocore.toolkit.act_quant import quantize_per_token
 from nanocore.toolkit.gemm_config import (  # DECODE_MAX_M and default_config: re-exported, public names here
     DECODE_MAX_M,  # noqa: F401
     SPLITK_MAX_M,
     GemmConfig,
     default_config,  # noqa: F401
     int8_int8_config,
+    mma_config,
     weight_only_config,
+)
+from nanocore.toolkit.gemm_mma import dequantize_channel, launch_mma
+from nanocore.toolkit.gemv import launch_gemv
+from nanocore.toolkit.splitk import (  # noqa: F401  (public here too)
+    _LOCKS,
+    W_FP8,
+    W_FP8_BITS,
+    W_INT8,
+    split_k_for,
+    splitk_workspace,
 )
 
 try:
     import triton
     import triton.language as tl
+
+    from nanocore.toolkit.splitk import grouped_tile, splitk_finish, widen, zero_of  # noqa: F401
 except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
-#: Weight encodings the kernels read: int8 values, fp8 loaded natively, fp8 bits widened with integer ops.
-W_INT8, W_FP8, W_FP8_BITS = 0, 1, 2
+#: ``torch._scaled_mm`` on CUDA needs K and N divisible by 16; other shapes run the mma kernel.
+SCALED_MM_ALIGN = 16
 
 
 def weight_only_linear_torch(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -65,63 +83,59 @@ def check_splitk_rows(m: int) -> None:
                          "use a 'tiled' config (or none: the default picks by M)")
 
 
-def split_k_for(grid_n: int, k_tiles: int, device: torch.device, requested: int = 0) -> int:
-    """K slices: enough programs for ~4 per SM, each slice at least two K tiles long."""
-    if requested:
-        return max(1, min(requested, k_tiles))
-    want = triton.cdiv(4 * sm_count(device), grid_n)
-    return max(1, min(want, k_tiles // 2, 16))
-
-
-#: Arrival counters per (device, weight): two split-K GEMMs that overlap on different streams (a shared
-#: expert on its side stream) must not share counters; one weight's calls run in stream order.
-_LOCKS: dict[tuple[torch.device, int], torch.Tensor] = {}
-_RETIRED_LOCKS: list[torch.Tensor] = []
-
-
-def splitk_workspace(split_k: int, m: int, n: int, grid_n: int, device: torch.device, weight: torch.Tensor):
-    """fp32 partials ``[split_k, m, n]`` and ``weight``'s per-column-block arrival counters (kept at zero)."""
-    if split_k == 1:
-        return None, None
-    key = (device, weight.data_ptr())
-    locks = _LOCKS.get(key)
-    if locks is None or locks.numel() < grid_n:  # counters reset themselves, so one buffer serves every call
-        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError("split-K counters must be allocated before CUDA-graph capture; run once eagerly")
-        if locks is not None:
-            _RETIRED_LOCKS.append(locks)  # a captured graph may still point at it: never free it
-        # room for the narrowest column blocks (8) at once: a graph captured with one config never sees a
-        # buffer replaced by another config's larger one
-        locks = _LOCKS[key] = torch.zeros(max(grid_n, -(-n // 8), 64), dtype=torch.int32, device=device)
-    return torch.empty((split_k, m, n), dtype=torch.float32, device=device), locks
-
-
 def weight_only_linear(x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
                        config: GemmConfig | None = None):
-    """``x [..., K]`` (fp16/bf16/fp32) times fp8 or int8 ``weight [N, K]`` with ``scale [N]``."""
+    """``x [..., K]`` (fp16/bf16/fp32) times fp8 or int8 ``weight [N, K]`` with ``scale [N]``; the kernel is
+    ``config``'s, else the one ``kernel_plan.KERNEL_PLANS`` names for the weight's format at this M."""
     x2, lead = gemm_input_rows(x, weight.shape[1])
     (m, k), n = x2.shape, weight.shape[0]
-    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if m == 0:
-        return y.reshape(*lead, n)
-    cfg = config or weight_only_config(m, n, k)
+        return torch.empty((*lead, n), dtype=x.dtype, device=x.device)
+    fp8 = weight.dtype == torch.float8_e4m3fn
+    cfg = config or weight_only_config(m, n, k, "fp8_channel" if fp8 else "int8_channel")
+    if cfg.kind == "scaled_mm":
+        if fp8 and scaled_mm_fits(x2, weight):
+            return fp8_dynamic_linear(x2, weight, scale, bias).reshape(*lead, n)
+        cfg = mma_config(m, n, k, "fp8_channel")
     w_kind, w = W_INT8, weight
-    if weight.dtype == torch.float8_e4m3fn:
+    if fp8:
         native = converts_fp8(x.device) if cfg.fp8_native is None else cfg.fp8_native
         w_kind, w = (W_FP8, weight) if native else (W_FP8_BITS, weight.view(torch.uint8))
     s = scale.reshape(-1).float()  # a view for the float32 scales the plugins keep: no copy per call
     if w_kind == W_FP8_BITS:
         s = s * 256.0  # the bit trick widens e4m3 to value / 256
+    if cfg.kind == "dequant":
+        return F.linear(x2, dequantize_channel(w, s, w_kind, x.dtype), bias).reshape(*lead, n)
+    y = torch.empty((m, n), dtype=x.dtype, device=x.device)
     if cfg.kind == "gemv" and m == 1:
-        from nanocore.toolkit.gemv import launch_gemv  # gemv builds on this module's split-K helpers
         launch_gemv(x2, w, s, bias, y, w_kind, cfg)
     elif cfg.kind in ("splitk", "gemv"):  # a gemv config at M > 1 runs the split-K kernel with its tiles
         _launch_splitk(x2, w, s, bias, y, w_kind, dataclasses.replace(cfg, kind="splitk", block_m=16))
+    elif cfg.kind == "mma":
+        launch_mma(x2, w, s, bias, y, w_kind, cfg)
     elif cfg.kind == "tiled":
         launch_tiled(x2, w, s, None, bias, y, w_kind, cfg)
     else:
-        raise ValueError(f"weight-only GEMM configs are 'gemv', 'splitk' or 'tiled', not {cfg.kind!r}")
+        raise ValueError(f"weight-only GEMM configs are 'gemv', 'splitk', 'mma', 'tiled', 'dequant' or 'scaled_mm', "
+                         f"not {cfg.kind!r}")
     return y.reshape(*lead, n)
+
+
+def scaled_mm_fits(x2: torch.Tensor, weight: torch.Tensor) -> bool:
+    """fp8 tensor cores take this GEMM: sm_89+ (not the interpreter), bf16 activations, K and N multiples of 16."""
+    n, k = weight.shape
+    return (x2.is_cuda and not interpreting(x2.device) and converts_fp8(x2.device) and x2.dtype == torch.bfloat16
+            and hasattr(torch, "_scaled_mm") and k % SCALED_MM_ALIGN == 0 and n % SCALED_MM_ALIGN == 0)
+
+
+def fp8_dynamic_linear(x2: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
+                       bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp8 ``weight [N, K]`` (float32 ``scale [N]``) times ``x2 [M, K]`` rounded to fp8 per token (dynamic scales):
+    ``torch._scaled_mm`` on fp8 tensor cores; what ``fp8_w8a8`` computes, for fp8 weights at prefill sizes."""
+    xq, x_scale = quantize_per_token(x2, torch.float8_e4m3fn)
+    y = torch._scaled_mm(xq, weight.t(), scale_a=x_scale.contiguous(), scale_b=scale.reshape(1, -1).float(),
+                         out_dtype=x2.dtype)
+    return y if bias is None else y + bias
 
 
 def int8_scaled_linear(xq: torch.Tensor, x_scale: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor,
@@ -170,49 +184,6 @@ def launch_tiled(x2, w, s, x_scale, bias, y, w_kind, cfg: GemmConfig) -> None:
 
 
 if triton is not None:
-    @triton.jit
-    def _e4m3_bits_to_fp16(bits):
-        """fp8 e4m3 bit patterns (uint8) -> fp16 holding value / 256 (exact, subnormals included)."""
-        b = bits.to(tl.int16)
-        h = ((b & 0x80) << 8) | ((b & 0x7F) << 7)
-        return h.to(tl.float16, bitcast=True)
-
-    @triton.jit
-    def _zero(ptr):
-        """A zero of the pointee's type for masked loads (a Python 0 does not cast to fp8)."""
-        return tl.full((), 0, ptr.dtype.element_ty)
-
-    @triton.jit
-    def _widen(w, W_KIND: tl.constexpr, dtype: tl.constexpr):
-        """Stored weights -> ``dtype`` (int8 exact, fp8 native, or fp8 bits as value / 256)."""
-        if W_KIND == 2:
-            return _e4m3_bits_to_fp16(w).to(dtype)
-        return w.to(dtype)
-
-    @triton.jit
-    def splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym,
-                      HAS_BIAS: tl.constexpr, SPLIT_K: tl.constexpr):
-        """Store ``acc`` (+ bias); with split-K the last of the K slices of this column block sums them."""
-        mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-        out = y_ptr + offs_m[:, None] * stride_ym + offs_n[None, :]
-        if SPLIT_K == 1:
-            if HAS_BIAS:
-                acc += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-            tl.store(out, acc.to(y_ptr.dtype.element_ty), mask=mask)
-        else:
-            mn = offs_m[:, None] * N + offs_n[None, :]
-            tl.store(part_ptr + tl.program_id(1) * M * N + mn, acc, mask=mask)
-            tl.debug_barrier()  # every thread's partial is written before the release below
-            arrived = tl.atomic_add(lock_ptr + tl.program_id(0), 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros_like(acc)
-                for i in range(SPLIT_K):  # .cg: other SMs' partials live in L2, not in this SM's L1
-                    total += tl.load(part_ptr + i * M * N + mn, mask=mask, other=0.0, cache_modifier=".cg")
-                tl.atomic_xchg(lock_ptr + tl.program_id(0), 0)  # ready for the next launch
-                if HAS_BIAS:
-                    total += tl.load(b_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-                tl.store(out, total.to(y_ptr.dtype.element_ty), mask=mask)
-
     @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _wo_splitk_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, part_ptr, lock_ptr, M, N, K, k_per_split,
                           stride_xm, stride_wn, stride_ym, HAS_BIAS: tl.constexpr, W_KIND: tl.constexpr,
@@ -229,24 +200,16 @@ if triton is not None:
         for k0 in range(k_start, k_end, BLOCK_K):
             ks = k0 + offs_k
             w = tl.load(w_rows + ks[None, :], mask=(offs_n[:, None] < N) & (ks[None, :] < k_end),
-                        other=_zero(w_ptr))
+                        other=zero_of(w_ptr))
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < k_end), other=0.0)
             if BLOCK_M >= 16:
-                acc = tl.dot(x, tl.trans(_widen(w, W_KIND, x.dtype)), acc)
+                acc = tl.dot(x, tl.trans(widen(w, W_KIND, x.dtype)), acc)
             else:
-                wf = _widen(w, W_KIND, tl.float32)
+                wf = widen(w, W_KIND, tl.float32)
                 acc += tl.sum(x.to(tl.float32)[:, None, :] * wf[None, :, :], axis=2)
         acc = acc * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
         splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)
-
-    @triton.jit
-    def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr):
-        """(row tile, column tile) of program ``pid`` in grouped order: neighbours share weight tiles in L2."""
-        grid_m, grid_n = tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N)
-        first_m = (pid // (GROUP_M * grid_n)) * GROUP_M
-        size_m = min(grid_m - first_m, GROUP_M)
-        return first_m + (pid % (GROUP_M * grid_n)) % size_m, (pid % (GROUP_M * grid_n)) // size_m
 
     @triton.jit(do_not_specialize=["M"])  # M = tokens of the step: no compile per batch size (masks only)
     def _weight_gemm_kernel(x_ptr, w_ptr, s_ptr, xs_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
@@ -263,11 +226,11 @@ if triton is not None:
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < K), other=0)
             w = tl.load(w_ptr + offs_n[None, :] * stride_wn + ks[:, None],
-                        mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=_zero(w_ptr))
+                        mask=(offs_n[None, :] < N) & (ks[:, None] < K), other=zero_of(w_ptr))
             if A_INT8:
                 acc = tl.dot(x, w, acc, out_dtype=tl.int32)
             else:
-                acc = tl.dot(x, _widen(w, W_KIND, x.dtype), acc)
+                acc = tl.dot(x, widen(w, W_KIND, x.dtype), acc)
         out = acc.to(tl.float32) * tl.load(s_ptr + offs_n, mask=offs_n < N, other=0.0)[None, :]
         if A_INT8:
             out = out * tl.load(xs_ptr + offs_m, mask=offs_m < M, other=0.0)[:, None]

@@ -37,7 +37,7 @@ try:
     import triton
     import triton.language as tl
 
-    from nanocore.toolkit.gemm import _widen, _zero, grouped_tile, splitk_finish
+    from nanocore.toolkit.splitk import grouped_tile, splitk_finish, widen, zero_of
 except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
@@ -148,9 +148,9 @@ if triton is not None:
             x = tl.load(x_ptr + offs_m[:, None] * stride_xm + ks[None, :],
                         mask=(offs_m[:, None] < M) & (ks[None, :] < k_end), other=0.0)
             w = tl.load(w_ptr + offs_n[None, :] * stride_wn + ks[:, None],
-                        mask=(offs_n[None, :] < N) & (ks[:, None] < k_end), other=_zero(w_ptr))
+                        mask=(offs_n[None, :] < N) & (ks[:, None] < k_end), other=zero_of(w_ptr))
             s = tl.load(s_rows + k0 // SCALE_BK)
-            acc += tl.dot(x, _widen(w, W_KIND, x.dtype)) * s[None, :]
+            acc += tl.dot(x, widen(w, W_KIND, x.dtype)) * s[None, :]
         if W_KIND == 2:
             acc = acc * 256.0  # the bit trick widened e4m3 to value / 256 (exact: a power of two)
         splitk_finish(acc, y_ptr, b_ptr, part_ptr, lock_ptr, offs_m, offs_n, M, N, stride_ym, HAS_BIAS, SPLIT_K)

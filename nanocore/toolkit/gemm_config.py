@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, kernel_for
+
 try:
     import triton
 except ImportError:  # CPU-only installs use the torch reference
@@ -16,16 +18,17 @@ except ImportError:  # CPU-only installs use the torch reference
 
 #: M at or below which ``default_config`` picks the split-K decode kernel instead of the tiled GEMM.
 DECODE_MAX_M = 16
-#: M up to which the split-K kernels accept a config and weight-only GEMMs pick them (since 1.4): one row tile
-#: holds every token, so each weight byte is read once. At M = 32 the tiled GEMM gave the 7B layer's o / down
-#: projections 56 programs for 132 SMs, each walking all of K: batch-32 decode ran at 0.69-0.80x bf16 (session 10).
+#: M up to which the split-K kernels accept a config (since 1.4): one row tile holds every token, so each weight
+#: byte is read once; which M runs them is ``kernel_plan.KERNEL_PLANS``.
 SPLITK_MAX_M = 32
 
 
 @dataclass(frozen=True)
 class GemmConfig:
     """Launch parameters of one kernel variant."""
-    kind: str = "splitk"  # "gemv" (M = 1, CUDA cores), "splitk" (decode, tensor cores) or "tiled" (GEMM)
+    #: "gemv" (M = 1, CUDA cores), "splitk" (decode, tensor cores), "tiled" (GEMM), "mma" (mixed-input tensor-core
+    #: tiles, gemm_mma), or the library GEMMs "dequant" / "scaled_mm" (no tiles; see kernel_plan)
+    kind: str = "splitk"
     block_m: int = 1  # splitk: 1-2 reduce with FMAs, >= 16 with tl.dot
     block_n: int = 32
     block_k: int = 256
@@ -37,6 +40,8 @@ class GemmConfig:
     reduce_late: bool = True  # gemv: one cross-thread reduction after the K loop (else one per tile)
     int8_magic: bool = True  # gemv: int8 by the exponent trick (else the int-to-float conversion); see int8_prmt
     int8_prmt: bool = True  # gemv on a GPU, with int8_magic: byte permutes (inline PTX) instead of the trick + add
+    swap_ab: bool = True  # mma: the weight tile is the dot's first operand (tensor cores read it from registers)
+    fast_widen: bool = True  # mma: int8 widened by the exponent trick (an XOR and a subtraction, no int-to-float)
 
 
 def default_config(m: int, n: int, k: int) -> GemmConfig:
@@ -57,12 +62,36 @@ def default_config(m: int, n: int, k: int) -> GemmConfig:
     return GemmConfig("tiled", block_m=128, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
-def weight_only_config(m: int, n: int, k: int) -> GemmConfig:
-    """``default_config``, with the split-K decode tiles kept up to ``SPLITK_MAX_M`` rows (weight-only GEMMs: the
-    kernel widens the weights once per K tile for every row; the block-scaled GEMM keeps ``default_config``)."""
-    if DECODE_MAX_M < m <= SPLITK_MAX_M:
-        return default_config(DECODE_MAX_M, n, k)  # the decode tiles; the launcher rounds block_m up to M
-    return default_config(m, n, k)
+#: mma tiles per weight format and M bucket: (largest M, block_m, block_n, block_k, warps, stages), the fastest of
+#: ``nanocore tune linear`` (docs/benchmarks-quant.md).
+MMA_TILES = {
+    "int8_channel": ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4)),
+    "fp8_channel": ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4)),
+    "int4_group": ((64, 64, 128, 128, 4, 4), (256, 128, 128, 64, 8, 4), (None, 128, 128, 64, 8, 4)),
+}
+
+
+def mma_config(m: int, n: int, k: int, fmt: str = "int8_channel") -> GemmConfig:
+    """The mixed-input tensor-core tiles of weight format ``fmt`` for ``m`` tokens (``block_m`` counts tokens,
+    ``block_n`` weight rows)."""
+    for largest, bm, bn, bk, warps, stages in MMA_TILES[fmt]:
+        if largest is None or m <= largest:
+            return GemmConfig("mma", block_m=bm, block_n=bn, block_k=bk, num_warps=warps, num_stages=stages)
+    raise AssertionError("MMA_TILES ends with an unbounded row")
+
+
+def weight_only_config(m: int, n: int, k: int, fmt: str = "int8_channel") -> GemmConfig:
+    """The config of the kernel that weight format ``fmt``'s plan (``kernel_plan.KERNEL_PLANS``) runs at ``m``: the
+    M = 1 GEMV, the split-K decode tiles (``block_m`` is rounded up to M by the launcher), the mma tiles, or a
+    library GEMM."""
+    kernel = kernel_for(KERNEL_PLANS[fmt], m)
+    if kernel == "gemv":
+        return default_config(1, n, k)
+    if kernel in ("splitk", "cuda_gemv"):
+        return default_config(min(max(m, 2), DECODE_MAX_M), n, k)
+    if kernel == "mma":
+        return mma_config(m, n, k, fmt)
+    return GemmConfig(kernel)
 
 
 def int8_int8_config(m: int, n: int, k: int) -> GemmConfig:

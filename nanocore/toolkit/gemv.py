@@ -11,7 +11,7 @@ add, no int-to-float conversion, which runs at a quarter of the FMA rate). On a 
 four weights per XOR, no add. The offset leaves inside the FMA: ``fma(v, x, -(x + x / 256))`` is ``x * b * 2^-15``
 rounded once (``x + x / 256`` is exact for bf16 / fp16 activations), so no large sum is ever cancelled; the
 dot is scaled by 2^15 at the end. K slices are summed by
-:func:`nanocore.toolkit.gemm.splitk_finish` (the last slice to arrive adds the others' fp32 partials).
+:func:`nanocore.toolkit.splitk.splitk_finish` (the last slice to arrive adds the others' fp32 partials).
 Torch reference: :func:`nanocore.toolkit.gemm.weight_only_linear_torch`.
 """
 from __future__ import annotations
@@ -19,12 +19,13 @@ from __future__ import annotations
 import torch
 
 from nanocore.kernels.device import interpreting, sm_count
+from nanocore.toolkit.splitk import splitk_workspace
 
 try:
     import triton
     import triton.language as tl
 
-    from nanocore.toolkit.gemm import _e4m3_bits_to_fp16, splitk_finish
+    from nanocore.toolkit.splitk import e4m3_bits_to_fp16, splitk_finish
 except ImportError:  # CPU-only installs use the torch reference
     triton = None
 
@@ -47,7 +48,6 @@ def gemv_split_k(n_blocks: int, k_tiles: int, sms: int, requested: int = 0) -> i
 def launch_gemv(x2, w, s, bias, y, w_kind: int, cfg) -> None:
     """``x2 [1, K]`` times ``w [N, K]`` (one byte per weight, ``w_kind`` as in ``toolkit.gemm``) into ``y [1, N]``;
     ``cfg`` a ``GemmConfig``; ``s`` the float32 scales (times 256 for fp8 bits)."""
-    from nanocore.toolkit.gemm import splitk_workspace
     k, n = x2.shape[1], w.shape[0]
     if w_kind == W_INT8 and not cfg.int8_magic:
         w_kind = W_INT8_CVT
@@ -80,7 +80,7 @@ if triton is not None:
             f = (((w.to(tl.int32) & 0xFF) ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True)
             return f - 8388736.0
         elif W_KIND == 2:
-            return _e4m3_bits_to_fp16(w).to(tl.float32)
+            return e4m3_bits_to_fp16(w).to(tl.float32)
         elif W_KIND == 1:  # fp8 e4m3 bytes (a uint8 view), converted by the hardware
             return w.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         elif W_KIND == 4:  # uint8 view -> 1 + (b + 128) * 2^-15: the caller removes the offset (see module doc)

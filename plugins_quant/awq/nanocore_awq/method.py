@@ -22,6 +22,7 @@ from nanocore.toolkit.checkpoint import (
 )
 from nanocore.toolkit.checkpoint_support import awq_support
 from nanocore.toolkit.gemm import gemm_input_rows
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, awq_pack
 from nanocore_awq.kernels import run_awq_kernel
 from nanocore_awq.search import apply_awq_scales
@@ -34,6 +35,9 @@ class AWQLinearMethod(LinearMethod):
     """W4A16, AutoAWQ GEMM layout: a CUDA C++ GEMV for M <= 4, Triton kernels beyond; int4 unpacked in registers."""
 
     quant_method = "awq"
+    #: The kernel per M and the M values where it changes (``toolkit.kernel_plan``; tests run each side).
+    kernel_plan = KERNEL_PLANS["int4_group"]
+    kernel_thresholds = switch_points(kernel_plan)
 
     @classmethod
     def checkpoint_support(cls, quantization_config):

@@ -31,6 +31,7 @@ from nanocore.toolkit.checkpoint_support import (
 )
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.int_packing import dequantize_int, pack_quantized_tensors
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.numerics import AWQ_PACK_FACTOR, pack_int4_awq
 from nanocore_awq.kernels import run_awq_kernel
 from nanocore_awq.wna16_layouts import LAYOUTS, canonical_tensors
@@ -43,6 +44,9 @@ class WNA16LinearMethod(LinearMethod):
 
     quant_method = "compressed-tensors"
     checkpoint_priority = 0
+    #: The kernel per M and the M values where it changes (``toolkit.kernel_plan``; tests run each side).
+    kernel_plan = KERNEL_PLANS["int4_group"]
+    kernel_thresholds = switch_points(kernel_plan)
     conformance_requirements = {"input_size_multiple": 128, "output_size_multiple": 8}
 
     def __init__(self, options: dict[str, Any] | None = None):

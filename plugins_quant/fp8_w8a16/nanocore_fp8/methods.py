@@ -19,6 +19,7 @@ from nanocore.toolkit.checkpoint import fp8_activation_scheme, fp8_weight_blocks
 from nanocore.toolkit.checkpoint_support import fp8_checkpoint_config, fp8_support
 from nanocore.toolkit.gemm import gemm_input_rows
 from nanocore.toolkit.gemm_block import block_scaled_linear, block_scaled_linear_torch
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.numerics import FP8_DTYPE, FP8_MAX, quantize_fp8_activations, quantize_fp8_weight
 from nanocore.toolkit.weights import BlockScaledWeights, ChannelScaledWeights
 from nanocore_fp8.kernels import fp8_linear_torch, fp8_linear_triton
@@ -82,6 +83,9 @@ class Fp8W8A16LinearMethod(_Fp8Base):
     tolerance = (0.04, 0.04)  # e4m3 rounds to 1/16 relative; measured worst 0.039 of max|y| on random shapes
     checkpoint_priority = 1  # "auto" on an fp8 checkpoint: bf16 activations, the accurate choice
     loads_blocks = True  # the only in-tree method that does: fp8_w8a8 and cutlass name it in their reasons
+    #: The kernel per M and the M values where it changes (``toolkit.kernel_plan``; tests run each side).
+    kernel_plan = KERNEL_PLANS["fp8_channel"]
+    kernel_thresholds = switch_points(kernel_plan)
 
     def quant_scheme(self) -> QuantScheme:
         """fp8 e4m3 weights, one scale per output channel (or per tile of a block-wise checkpoint); activations

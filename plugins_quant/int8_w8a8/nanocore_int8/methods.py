@@ -24,6 +24,7 @@ from nanocore.toolkit.gemm import (
     weight_only_linear,
     weight_only_linear_torch,
 )
+from nanocore.toolkit.kernel_plan import KERNEL_PLANS, switch_points
 from nanocore.toolkit.numerics import INT8_MAX, quantize_int8, quantize_int8_per_row
 from nanocore.toolkit.weights import ChannelScaledWeights
 from nanocore_int8.config import activation_scheme_of, compressed_tensors_config, is_weight_only
@@ -125,6 +126,9 @@ class Int8W8A16LinearMethod(_Int8Base):
     # "auto" picks it for weight-only configs (checkpoint_priority_for); int8_w8a8 for the rest
     checkpoint_priority = 0
     default_scheme = "none"
+    #: The kernel per M and the M values where it changes (``toolkit.kernel_plan``; tests run each side).
+    kernel_plan = KERNEL_PLANS["int8_channel"]
+    kernel_thresholds = switch_points(kernel_plan)
 
     def apply(self, layer, x, bias=None):
         return self._weight_only(layer, x, bias)
