@@ -120,11 +120,9 @@ def _setup(heads: str):
 
 
 def _config(path, tile, splits):
-    from nanocore.kernels import attention_config
     from nanocore.kernels import paged_attention as pa
-    attention_config.DECODE_HEADS_FIRST = path.endswith("|hf")  # read by paged_attention at every call
-    path = path.removesuffix("|hf")
-    return None if tile is None or path == "default" else pa.AttentionConfig(16, *tile, splits, path)
+    heads_first, path = path.endswith("|hf"), path.removesuffix("|hf")
+    return None if tile is None or path == "default" else pa.AttentionConfig(16, *tile, splits, path, heads_first)
 
 
 def compile_group(args) -> str:

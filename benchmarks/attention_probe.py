@@ -14,7 +14,7 @@ import torch
 
 from benchmarks import attention_quant_tune as aqt
 from nanocore.kernels import paged_attention as pa
-from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, _narrow_decode_tile
+from nanocore.kernels.attention_config import _narrow_decode_tile
 
 
 def main(argv=None) -> int:
@@ -37,8 +37,7 @@ def main(argv=None) -> int:
     cfg = None
     if args.path:
         # the engine's one-token tile of many programs (the few-programs tile: --tile 32/4/3)
-        tile = _narrow_decode_tile(args.path, k_grouped=args.layout == "k_int8_v_fp8")
-        tile = CUDA_CORE_DECODE_TILE if args.path == "cuda_core" else tile
+        tile = _narrow_decode_tile(args.path, args.layout == "k_int8_v_fp8", True, False)
         tile = tuple(int(x) for x in args.tile.split("/")) if args.tile else tile
         cfg = pa.AttentionConfig(16, *tile, quant_path=args.path)
     if args.time:

@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     start = time.monotonic()
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
                "python": platform.python_version(), "commit": git_commit(),
-               "default_quant_path": pa.default_quant_path(), "narrow_decode_tile": pa.NARROW_DECODE_TILE,
+               "default_quant_path": pa.DEFAULT_QUANT_PATH, "narrow_decode_tile": pa.NARROW_DECODE_TILE,
                "heads": [HEADS, KV_HEADS, HEAD_DIM], "block_size": BLOCK, "shapes": SHAPES,
                "check_tol": CHECK_TOL, "decode": [], "store": {},
                "path": os.path.join(args.outdir, OUT_PATH)}

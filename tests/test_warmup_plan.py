@@ -67,17 +67,6 @@ def test_warmup_batches_select_exactly_the_reachable_attention_choices(limits, s
     assert planned == reachable, (f"not warmed: {reachable - planned}", f"unreachable: {planned - reachable}")
 
 
-@pytest.mark.parametrize("limits,shape,sms", [
-    CASES[3], (ServingLimits(256, 64, 1024), AttentionShape(2, 8, 128, 1, False), 16)])
-def test_the_cuda_core_decode_path_is_warmed_too(limits, shape, sms, monkeypatch):
-    """``NANOCORE_ATTN_QUANT_PATH=cuda_core`` adds its own decode configs (16 keys, 1 warp): the plan still covers
-    exactly what serving can select."""
-    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "cuda_core")
-    planned = {choice_of(b, shape, sms) for b in warmup_plan(limits, shape, sms)}
-    assert any(c.config.quant_path == "cuda_core" for c in planned)
-    assert planned == reachable_choices(limits, shape, sms)
-
-
 def test_the_h200_qwen3_plan_is_small_and_covers_every_split_count():
     plan = warmup_plan(ServingLimits(16384, 256, 40960), BF16_QWEN3_06B, 132)
     choices = {choice_of(b, BF16_QWEN3_06B, 132) for b in plan}
