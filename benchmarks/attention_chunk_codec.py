@@ -64,7 +64,7 @@ def measure(name: str, case: tuple[int, int, int], device: str) -> list[dict]:
     from nanocore.kernels.paged_attention import paged_attention
     from nanocore.layers.attention import paged_attention_reference
     from nanocore.plugins import get_registry
-    codec = get_registry().get("kv_codec", name).cls()
+    codec = get_registry().instantiate(get_registry().get("kv_codec", name))
     dtype = torch.bfloat16 if device == "cuda" else torch.float16  # the interpreter's bf16 dot is wrong
     q, k_new, v_new, cache, meta = make_case(codec, *case, device, dtype)
     layout, scale, rows = codec.layout(dtype), HEAD_DIM ** -0.5, []

@@ -127,11 +127,11 @@ def shape_section(extension, shape, n, k, numerics: list, timings: list):
     from triton.testing import do_bench
 
     from nanocore.bench.linear import build_layer
-    from nanocore_cutlass import CutlassFp8LinearMethod
+    from nanocore.plugins import get_registry
 
     g = torch.Generator(device="cuda").manual_seed(n + k)
     weight = torch.randn(n, k, device="cuda", generator=g) * k ** -0.5
-    method, layer = build_layer(CutlassFp8LinearMethod, {}, weight, torch.bfloat16)
+    method, layer = build_layer(get_registry().get("linear_method", "cutlass"), {}, weight, torch.bfloat16)
     wq, ws = layer.weight, layer.weight_scale
     weight_bf16 = weight.to(torch.bfloat16)
     for m in MS:
