@@ -1,4 +1,4 @@
-"""Per-batch integers of every kernel launched per step are ``do_not_specialize`` (issue 19: no compile for a
+"""Per-batch integers of every kernel launched per step are ``do_not_specialize`` (no compile for a
 first-seen batch shape). A new launched kernel fails ``test_every_launched_kernel_is_declared`` until it is
 listed below with the integers that change from step to step."""
 from __future__ import annotations

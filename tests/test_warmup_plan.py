@@ -1,4 +1,4 @@
-"""The kernel warm-up covers every constexpr choice a serving step can select (issue 19: no compile for a
+"""The kernel warm-up covers every constexpr choice a serving step can select (no compile for a
 first-seen batch shape): its batches, run through the dispatch code, give exactly the choices a brute force over
 all batches within the engine's limits gives; token-count choices (RMSNorm rows, GEMM and MoE configs) too."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ CASES = [  # (limits, shape, SM count)
     (ServingLimits(256, 20, 2048), BF16_QWEN3_06B, 132),
     (ServingLimits(200, 20, 2048), AttentionShape(7, 4, 128, 2, False), 16),  # Qwen2.5-7B's group
     (ServingLimits(256, 16, 4096), AttentionShape(4, 2, 64, 1, True), 132),  # one-byte cache, grouped K
-    # one-byte cache, short contexts: a few programs take the 4-warp tile unsplit, many the 1-warp tile (session 12)
+    # one-byte cache, short contexts: a few programs take the 4-warp tile unsplit, many the 1-warp tile
     (ServingLimits(256, 64, 512), AttentionShape(2, 8, 128, 1, False), 132),
     (ServingLimits(48, 4, 40), BF16_QWEN3_06B, 132),  # max_model_len below the batch budget
 ]
