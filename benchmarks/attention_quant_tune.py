@@ -39,7 +39,7 @@ DEVICE = "cuda"  # the CPU smoke test of this script swaps in "cpu" and the inte
 SHAPES = {"64x4096": (64, 4096), "256x512": (256, 512), "1x256": (1, 256)}
 CHECK_TOL = 2e-2  # relative L2 error vs the reference; the fp16 paths are nearer the reference than "fold"
 TILES = [(128, 4, 2), (64, 4, 2), (128, 8, 2), (64, 2, 2), (32, 4, 2), (64, 4, 3)]
-FULL_CHECK = ("default", "fold", "fp16_hwcvt_vw", "fp16_vw")
+FULL_CHECK = ("default", "fold", "fp16_hwcvt")
 OUT_PATH = "attention_quant_tune.json"
 
 
@@ -86,15 +86,10 @@ def variants(name: str) -> list[tuple[str, pa.AttentionConfig | None]]:
     if name == "bf16":
         return [("default", None), ("(64, 4, 2) split 4", pa.AttentionConfig(16, 64, 4, 2, 4))]
     old_tile = pa.GROUP_K_DECODE_TILE if name == "k_int8_v_fp8" else pa.NARROW_DECODE_TILE
-    out = [("default", None), (f"fold {old_tile}", pa.AttentionConfig(16, *old_tile, quant_path="fold")),
-           ("fp16_hwcvt (128, 4, 2)", pa.AttentionConfig(16, 128, 4, 2, quant_path="fp16_hwcvt"))]
-    out += [(f"fp16_hwcvt_vw {t}", pa.AttentionConfig(16, *t, quant_path="fp16_hwcvt_vw")) for t in TILES]
-    out += [(f"{p} (128, 4, 2)", pa.AttentionConfig(16, 128, 4, 2, quant_path=p)) for p in ("fp16_vw", "fp16")]
-    out += [("fp16_hwcvt_kvw (128, 4, 2)", pa.AttentionConfig(16, 128, 4, 2, quant_path="fp16_hwcvt_kvw")),
-            ("fp16_vw (64, 4, 2)", pa.AttentionConfig(16, 64, 4, 2, quant_path="fp16_vw")),
-            ("fp16_hwcvt_kvw (64, 2, 2)", pa.AttentionConfig(16, 64, 2, 2, quant_path="fp16_hwcvt_kvw"))]
+    out = [("default", None), (f"fold {old_tile}", pa.AttentionConfig(16, *old_tile, quant_path="fold"))]
+    out += [(f"fp16_hwcvt {t}", pa.AttentionConfig(16, *t, quant_path="fp16_hwcvt")) for t in TILES]
     # forced split-KV: for the short 1 x 256 decode (8 programs); the other shapes only lose by it
-    out += [(f"fp16_hwcvt_vw ({n}, 4, 2) split {sp}", pa.AttentionConfig(16, n, 4, 2, sp, "fp16_hwcvt_vw"))
+    out += [(f"fp16_hwcvt ({n}, 4, 2) split {sp}", pa.AttentionConfig(16, n, 4, 2, sp, "fp16_hwcvt"))
             for n, sp in ((64, 4), (32, 8))]
     return out
 
