@@ -2,8 +2,7 @@
 
 ``python3 benchmarks/attention_probe.py LAYOUT [PATH] [--tile 16/1/1] [--seqs 64 --ctx 4096 --kv-heads 8 --heads 16]``
 builds the case of ``attention_quant_tune.py`` (scattered blocks, random K/V through the codec) and runs the
-kernel 6 times; profile the last with ``ncu -k regex:"paged_attention|narrow_decode" --launch-skip 4
---launch-count 1`` (PATH "cuda_core" runs ``narrow_decode_kernel``).
+kernel 6 times; profile the last with ``ncu -k regex:paged_attention --launch-skip 4 --launch-count 1``.
 """
 from __future__ import annotations
 
