@@ -82,6 +82,10 @@ class EngineConfig(BaseModel):
         "attention eager between segments (default: on with one GPU, off with tensor / expert parallelism)")
     kernel_warmup: bool = Field(True, description="compile every Triton kernel variant a serving step can select "
                                 "before the engine is ready (CUDA only; off: first-seen batch shapes compile)")
+    attention_decode_order: Literal["auto", "longest_first", "batch"] = Field(
+        "auto", description="launch order of a pure-decode attention grid's sequences: 'longest_first' (longest "
+        "context first, so the slowest programs start in the first wave; H200, Nano-vLLM workload, k_int8_v_fp8: "
+        "21,500 -> 24,280 output tok/s), 'batch' (batch order), 'auto' (longest_first on CUDA, batch on CPU)")
     async_scheduling: bool | None = Field(
         None, description="queue the next decode step while the host post-processes this one (default: on CUDA)")
     moe_shared_expert_overlap: bool = Field(True, description="run an MoE layer's shared expert on a side CUDA stream")

@@ -7,40 +7,23 @@ import pytest
 
 def test_quant_path_flags_and_defaults():
     from nanocore.kernels import paged_attention as pa
-    assert pa.DEFAULT_QUANT_PATH in pa.QUANT_PATHS
-    assert pa._quant_flags("dequant", (1, 1), 1) == (False, False)
-    assert pa._quant_flags("fold", (1, 1), 1) == (True, False)
-    assert pa._quant_flags("fold", (2, 1), 32) == (True, True)
-    assert pa._quant_flags("fold_kdeq", (2, 1), 32) == (True, False)
-    assert pa._quant_flags("fold", (2, 1), 8) == (True, False)
-    assert pa._quant_flags("fold", (0, 0), 1) == (False, False)
-    with pytest.raises(ValueError):
-        pa._quant_flags("fast", (1, 1), 1)
+    assert pa.QUANT_PATHS == ("fold", "fp16_hwcvt") and pa.DEFAULT_QUANT_PATH == "fold"
+    assert not pa._k_split("fold", (1, 1), 1)
+    assert pa._k_split("fold", (2, 1), 32)
+    assert not pa._k_split("fold", (2, 1), 8)  # too narrow to slice: K is dequantized before the dot
+    assert not pa._k_split("fold", (0, 0), 1)
+    with pytest.raises(ValueError, match="is not one of"):
+        pa._k_split("fast", (1, 1), 1)
     narrow = pa.default_config(1, 2, 128, kv_itemsize=1)
     assert (narrow.block_n, narrow.num_warps, narrow.num_stages) == pa.NARROW_DECODE_TILE
     assert pa.default_config(1, 2, 128) == pa.default_config(1, 2, 128, kv_itemsize=2)
-
-
-def test_quant_path_and_decode_tile_overrides(monkeypatch):
-    from nanocore.kernels import paged_attention as pa
-    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "fold")
-    assert pa.default_quant_path() == "fold"
-    grouped = pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True)
-    assert (grouped.block_n, grouped.num_warps, grouped.num_stages) == pa.GROUP_K_DECODE_TILE  # "fold"'s own tile
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64/2/3")
-    assert pa.default_config(1, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 2
-    assert pa.default_config(1, 2, 128).block_n == 64  # a bf16 cache keeps its tile
-    assert pa.default_config(3, 2, 128, kv_itemsize=1, k_grouped=True).num_warps == 4  # 2+-token tiles keep theirs
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "64x2")
-    with pytest.raises(ValueError, match="block_n/num_warps/num_stages"):
-        pa.default_config(1, 2, 128, kv_itemsize=1)
-    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "fastest")
-    with pytest.raises(ValueError, match="NANOCORE_ATTN_QUANT_PATH"):
-        pa.default_quant_path()
+    grouped = pa.default_config(3, 2, 128, kv_itemsize=1, k_grouped=True)  # a 3-token chunk: "fold"'s own tile
+    assert (grouped.block_n, grouped.num_warps, grouped.num_stages, grouped.quant_path) == (
+        *pa.GROUP_K_DECODE_TILE, "fold")
 
 
 def test_one_byte_decode_tile_and_its_split_rule():
-    """Pure decode steps on a one-byte cache get the 1-warp fp16_hwcvt tile (H200 sweep, session 7); a step with
+    """Pure decode steps on a one-byte cache get the 1-warp fp16_hwcvt tile (the H200 sweep's best); a step with
     a chunk of 2+ tokens keeps the 4-warp tiles; 1-warp grids split from under 6 programs per SM."""
     from nanocore.kernels import attention_config as ac
     decode = ac.default_config(1, 4, 128, kv_itemsize=1)
@@ -55,7 +38,7 @@ def test_one_byte_decode_tile_and_its_split_rule():
     assert ac.choose_num_splits(8, 16384, 32, sms, num_warps=1) == 64  # batch 1 at 16K: fill the GPU
     assert ac.choose_num_splits(136, 1400, 32, sms, num_warps=1) == 4  # from 1 program per SM: splits of 256+ keys
     assert ac.choose_num_splits(136, 200, 32, sms, num_warps=1) == 1
-    # fewer programs than SMs (session 15): splits as short as one tile, up to 64
+    # fewer programs than SMs: splits as short as one tile, up to 64
     assert ac.choose_num_splits(8, 4096, 32, sms, num_warps=1) == 64
     assert ac.choose_num_splits(8, 1024, 32, sms, num_warps=1) == 32
     assert ac.choose_num_splits(8, 700, 32, sms, num_warps=1) == 16  # 22 tiles, rounded down to a power of two
@@ -67,13 +50,13 @@ def test_one_byte_decode_tile_and_its_split_rule():
 
 def test_few_program_decode_grids_split_to_one_tile_at_short_contexts():
     """4-warp decode grids of fewer programs than SMs split at least as many ways as one-tile splits of the first
-    FEW_PROGRAMS_MAX_SEQ_LEN keys (session 16: the 4-tile floor cost batch-1 TPOT); chunks (decode False) and full
+    FEW_PROGRAMS_MAX_SEQ_LEN keys (a 4-tile floor cost batch-1 TPOT); chunks (decode False) and full
     grids keep the 4-warp rule; the count never falls as the context grows. batch_choice passes decode for one-token
     rows only: a 4-token chunk in one q tile keeps the rule."""
     from nanocore.kernels import attention_config as ac
     sms = 132
-    assert ac.choose_num_splits(8, 256, 64, sms, decode=True) == 4  # bf16 batch 1: s15c's 4 splits at 1 x 256
-    assert ac.choose_num_splits(8, 256, 32, sms, decode=True) == 8  # the few-programs one-byte tile: s15c's 8
+    assert ac.choose_num_splits(8, 256, 64, sms, decode=True) == 4  # bf16 batch 1: 4 splits at 1 x 256
+    assert ac.choose_num_splits(8, 256, 32, sms, decode=True) == 8  # the few-programs one-byte tile: 8
     assert ac.choose_num_splits(8, 256, 64, sms) == 1  # not a decode grid: 4 tiles are under the 4-warp rule's 8
     assert ac.choose_num_splits(8, 300, 64, sms, decode=True) == 4  # 5 tiles: rounded down (split_range: 2, 2, 1, 0)
     assert ac.choose_num_splits(8, 64, 64, sms, decode=True) == 1
@@ -91,11 +74,11 @@ def test_few_program_decode_grids_split_to_one_tile_at_short_contexts():
     assert splits(1) == 16 and splits(4) == 4  # the 4-token chunk: one q tile, still the 4-warp rule's 4
 
 
-def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
+def test_small_one_byte_decode_batches_take_the_few_programs_tile():
     """Fewer 1-warp programs than SMs (batch 1: 8 KV heads on 132 SMs) up to FEW_PROGRAMS_MAX_SEQ_LEN take
     FEW_PROGRAMS_DECODE_TILE (split to one tile per split); longer contexts take the 1-warp tile split down to one tile
-    per split; 64 sequences keep the 1-warp tile and its rule; the CPU (no SM count) and the tile override keep the
-    1-warp tile; 2+-token decode-shaped chunks keep WIDE_NARROW_TILE."""
+    per split; 64 sequences keep the 1-warp tile and its rule; the CPU (no SM count) keeps the 1-warp tile; 2+-token
+    decode-shaped chunks keep WIDE_NARROW_TILE."""
     from nanocore.kernels import attention_config as ac
 
     def choice(num_seqs, seq_len=128, sms=132):
@@ -113,12 +96,10 @@ def test_small_one_byte_decode_batches_take_the_few_programs_tile(monkeypatch):
     chunk = ac.batch_choice(4, 128, 1, [4], [128], True, 2, 8, 128, 1, False, 132).config
     assert (chunk.block_n, chunk.num_warps, chunk.num_stages) == ac.WIDE_NARROW_TILE
     assert choice(64).config.num_warps == 1 and choice(1, sms=0).config.num_warps == 1
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/3")
-    assert choice(1).config.num_warps == 1
 
 
 def test_chunks_over_a_long_cached_prefix_split_the_kv_range():
-    """Issue 19 item 4: a chunk's few q tiles at a long context split like a decode grid (4-warp rule); big
+    """A chunk's few q tiles at a long context split like a decode grid (4-warp rule); big
     batches, first chunks and the CPU do not."""
     from nanocore.kernels.attention_config import batch_choice
 
@@ -151,49 +132,17 @@ def test_launch_choice_is_computed_once_per_step(monkeypatch):
     assert len(calls) == 2
 
 
-def test_cuda_core_path_only_where_it_was_measured_to_pay(monkeypatch):
-    """``NANOCORE_ATTN_QUANT_PATH=cuda_core``: pure decode of GQA <= 2 over many programs takes the CUDA-core
-    kernel's tile; bigger groups, few programs and 2+ token chunks keep the tensor-core fp16 tiles."""
-    from nanocore.kernels.attention_config import CUDA_CORE_DECODE_TILE, FEW_PROGRAMS_DECODE_TILE, default_config
-    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "cuda_core")
-    cfg = default_config(1, 2, 128, 1)
-    assert cfg.quant_path == "cuda_core" and (cfg.block_n, cfg.num_warps, cfg.num_stages) == CUDA_CORE_DECODE_TILE
-    for cfg in (default_config(1, 4, 128, 1), default_config(1, 2, 128, 1, few_programs=True),
-                default_config(4, 2, 128, 1), default_config(1, 2, 128, 1, k_grouped=True),  # measured slower
-                default_config(1, 2, 96, 1)):  # head_dim the kernel does not read
-        assert cfg.quant_path == "fp16_hwcvt"
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_TILE", "32/1/1")
-    assert (default_config(1, 2, 128, 1).block_n, default_config(1, 2, 128, 1).quant_path) == (32, "cuda_core")
-    monkeypatch.delenv("NANOCORE_ATTN_DECODE_TILE")
-    few = default_config(1, 2, 128, 1, few_programs=True)
-    assert (few.block_n, few.num_warps, few.num_stages) == FEW_PROGRAMS_DECODE_TILE
-    # few programs keep the fp16 tiles at long contexts too (where those take the 1-warp tile)
-    from nanocore.kernels.attention_config import batch_choice
-    for seq_len in (1024, 2048, 16384):
-        cfg = batch_choice(1, seq_len, 1, [1], [seq_len], False, 2, 8, 128, 1, False, 132).config
-        assert cfg.quant_path == "fp16_hwcvt" and cfg.num_warps == (4 if seq_len <= 1024 else 1)
-    monkeypatch.delenv("NANOCORE_ATTN_QUANT_PATH")
-    assert default_config(1, 2, 128, 1).quant_path == "fp16_hwcvt"  # the default is unchanged
-
-
-def test_one_warp_min_splits_reach_one_byte_decode_only(monkeypatch):
-    """``NANOCORE_ATTN_DECODE_MIN_SPLITS`` raises the split count of 1-warp one-byte decode grids only; bf16, chunks,
-    the 4-warp few-programs tile and the CPU keep their choice; a bad value is refused with what to write."""
+def test_kernel_configuration_reads_no_environment(monkeypatch):
+    """The launch configuration is a function of its arguments: variables that once switched it change nothing."""
     from nanocore.kernels import attention_config as ac
 
-    def choice(kv_itemsize, max_query_len=1, sms=132, num_seqs=256):
-        return ac.batch_choice(max_query_len, 1024, num_seqs, [max_query_len] * num_seqs, [1024] * num_seqs,
-                               max_query_len > 1, 2, 8, 128, kv_itemsize, False, sms)
-    assert choice(1).splits == ac.ONE_WARP_MIN_SPLITS == 1  # 2,048 1-warp programs: no split by default
-    assert choice(1, num_seqs=64).splits == 4  # 512 programs: the heuristic's split
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", "2")
-    assert choice(1).splits == 2 and choice(1, num_seqs=64).splits == 4  # a floor, not a cap
-    assert choice(2).splits == 1 and choice(1, sms=0).splits == 1 and choice(1, max_query_len=4).splits == 1
-    assert choice(1, num_seqs=1).splits == 32  # the few-programs tile: one tile per split up to 1,024 keys
-    one_warp = ac.AttentionConfig(16, 32, 1, 3)  # the same 1-warp tile on a bf16 cache or a 4-token chunk: no floor
-    assert ac.batch_choice(1, 1024, 256, [1] * 256, [1024] * 256, False, 2, 8, 128, 2, False, 132, one_warp).splits == 1
-    assert ac.batch_choice(4, 1024, 256, [4] * 256, [1024] * 256, True, 2, 8, 128, 1, False, 132, one_warp).splits == 1
-    for bad in ("0", "3", "128", "two"):
-        monkeypatch.setenv("NANOCORE_ATTN_DECODE_MIN_SPLITS", bad)
-        with pytest.raises(ValueError, match="expected a power of two from 1 to 64"):
-            choice(1)
+    def choices():
+        return [ac.batch_choice(q, n, seqs, [q] * seqs, [n] * seqs, q > 1, 2, 8, 128, itemsize, grouped, 132)
+                for q in (1, 4) for n in (128, 4096) for seqs in (1, 256) for itemsize in (1, 2)
+                for grouped in (False, True)]
+    before = choices()
+    for name, value in (("NANOCORE_ATTN_QUANT_PATH", "fold"), ("NANOCORE_ATTN_DECODE_TILE", "128/4/2"),
+                        ("NANOCORE_ATTN_DECODE_MIN_SPLITS", "4"), ("NANOCORE_ATTN_DECODE_ORDER", "batch")):
+        monkeypatch.setenv(name, value)
+    assert choices() == before
+    assert ac.decode_order_mode("cuda") == "longest_first" and ac.decode_order_mode("cpu") == "batch"

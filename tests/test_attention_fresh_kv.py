@@ -79,7 +79,7 @@ def rows(meta, b):
 
 @pytest.mark.parametrize("config", [None, AttentionConfig(16, 16, 4, 1), AttentionConfig(64, 16, 4, 1, num_splits=3),
                                     AttentionConfig(16, 16, 4, 1, num_splits=3),
-                                    AttentionConfig(32, 32, 4, 1, quant_path="fp16_vw")],
+                                    AttentionConfig(32, 32, 4, 1, quant_path="fp16_hwcvt")],
                          ids=["default", "tiles_16", "split_3", "q_tiles_split_3", "fp16_path"])
 @pytest.mark.parametrize("name", CODECS)
 def test_chunk_reads_its_own_kv_unquantized(name, config):
@@ -125,7 +125,7 @@ def test_unquantized_cache_gives_the_same_result_either_way():
     assert torch.equal(paged_attention_reference(q, k_new, v_new, cache, meta, 0.125), ref)
 
 
-@pytest.mark.parametrize("path", [None, "fp16_vw"])
+@pytest.mark.parametrize("path", [None, "fp16_hwcvt"])
 @pytest.mark.parametrize("name", CODECS)
 def test_first_chunks_only_never_read_the_cache(name, path):
     """A batch of fresh prompts runs the bf16 cache's kernel whatever the codec: the same output, bit for bit."""
@@ -184,7 +184,7 @@ def test_bad_k_new_is_a_clear_error():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("path", [None, "fp16_hwcvt_vw"])
+@pytest.mark.parametrize("path", [None, "fp16_hwcvt"])
 @pytest.mark.parametrize("name", CODECS)
 def test_cuda_bf16_chunks_after_long_prefixes(name, path):
     """Engine-like shapes: chunks of 512 / 300 after 3,000+ cached tokens, a first chunk, decodes; bf16."""

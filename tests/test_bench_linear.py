@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=import
 from test_cli_engine import run_cli  # noqa: E402
 
 from nanocore.bench.linear import BASELINE, bench_shape, summarise  # noqa: E402
-from nanocore.plugins import get_registry  # noqa: E402
+from nanocore.plugins import BackendEntry, get_registry  # noqa: E402
 from nanocore.toolkit.reference import UnquantizedLinearMethod  # noqa: E402
 
 
@@ -57,7 +57,8 @@ class _UnbuildableMethod(UnquantizedLinearMethod):
 
 
 def test_wrong_and_failing_methods_are_reported_not_fatal():
-    methods = {BASELINE: UnquantizedLinearMethod, "broken": _BrokenMethod, "unbuildable": _UnbuildableMethod}
+    classes = {BASELINE: UnquantizedLinearMethod, "broken": _BrokenMethod, "unbuildable": _UnbuildableMethod}
+    methods = {name: BackendEntry("linear_method", name, cls, "tests", "0", "tests") for name, cls in classes.items()}
     rows = bench_shape(methods, "o_proj", 24, 32, [2], torch.float32, torch.device("cpu"))
     summary = {r["method"]: r for r in summarise(rows, list(methods), [2])}
     assert abs(summary["broken"]["max_err_vs_fp32"] - 1.0) < 1e-4  # 2y - y relative to max|y|

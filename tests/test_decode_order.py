@@ -1,4 +1,4 @@
-"""Longest-first decode grids (the default on CUDA since session 15; ``NANOCORE_ATTN_DECODE_ORDER=batch`` turns them
+"""Longest-first decode grids (the default on CUDA; the engine option ``attention_decode_order="batch"`` turns them
 off): the order, its metadata from the model runner and the warm-up, and the kernel reading it (Triton interpreter
 on CPU, compiled on CUDA)."""
 import sys
@@ -23,17 +23,25 @@ def test_longest_first_is_a_stable_permutation():
     assert order.tolist() == [0, 4, 2, 5, 1, 3]  # ties keep the batch order
 
 
-def test_mode_is_checked(monkeypatch):
-    monkeypatch.delenv("NANOCORE_ATTN_DECODE_ORDER", raising=False)
-    assert ac.decode_order_mode() == "longest_first"  # the default on CUDA since session 15
+def test_mode_is_checked():
+    assert ac.decode_order_mode("cuda") == "longest_first"  # the default on CUDA
     assert ac.decode_order_mode("cpu") == "batch"  # the torch reference path ignores it
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
-    assert ac.decode_order_mode("cpu") == "longest_first"  # asked for: tests of the runner's metadata on the CPU
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "batch")
-    assert ac.decode_order_mode() == "batch"
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest")
+    assert ac.decode_order_mode("cpu", "longest_first") == "longest_first"  # asked for: the runner's metadata on CPU
+    assert ac.decode_order_mode("cuda", "batch") == "batch"
     with pytest.raises(ValueError, match="is not one of"):
-        ac.decode_order_mode()
+        ac.decode_order_mode("cuda", "longest")
+
+
+def test_the_engine_option_is_checked_and_reaches_the_runner():
+    from pydantic import ValidationError
+
+    from nanocore.config import EngineConfig
+    from nanocore.engine.llm import LLM
+    assert EngineConfig().attention_decode_order == "auto"
+    assert EngineConfig.load(environ={"NANOCORE_ATTENTION_DECODE_ORDER": "batch"}).attention_decode_order == "batch"
+    with pytest.raises(ValidationError, match="longest_first"):
+        EngineConfig(attention_decode_order="longest")
+    assert LLM("dummy:tiny-qwen2", device="cpu", max_model_len=64).engine.runner.decode_order == "batch"
 
 
 @pytest.mark.parametrize("layout", [None, QUANT_LAYOUTS["int8"], QUANT_LAYOUTS["k_int8_v_fp8"]])
@@ -90,8 +98,7 @@ def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
 
-    monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", "longest_first")
-    llm = LLM("dummy:tiny-qwen2", device="cpu", max_model_len=128)
+    llm = LLM("dummy:tiny-qwen2", device="cpu", max_model_len=128, attention_decode_order="longest_first")
     runner = llm.engine.runner
     seen = []
     prepare = runner._device_inputs
@@ -154,7 +161,7 @@ def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (decode graphs)")
 @pytest.mark.parametrize("kv_codec", ["unquantized", "int8"])
-def test_longest_first_engine_matches_batch_order_on_cuda(monkeypatch, kv_codec):
+def test_longest_first_engine_matches_batch_order_on_cuda(kv_codec):
     """Through the decode graphs and the kernel warm-up: greedy tokens of a mixed-length batch equal the batch-order
     engine's."""
     from nanocore.engine.llm import LLM
@@ -164,8 +171,8 @@ def test_longest_first_engine_matches_batch_order_on_cuda(monkeypatch, kv_codec)
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     outputs = {}
     for mode in ("batch", "longest_first"):
-        monkeypatch.setenv("NANOCORE_ATTN_DECODE_ORDER", mode)
-        llm = LLM("dummy:tiny-qwen2", device="cuda", max_model_len=512, kv_codec=kv_codec)
+        llm = LLM("dummy:tiny-qwen2", device="cuda", max_model_len=512, kv_codec=kv_codec,
+                  attention_decode_order=mode)
         outputs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, params, use_tqdm=False)]
         del llm
         torch.cuda.empty_cache()

@@ -1,4 +1,4 @@
-"""Per-batch integers of every kernel launched per step are ``do_not_specialize`` (issue 19: no compile for a
+"""Per-batch integers of every kernel launched per step are ``do_not_specialize`` (no compile for a
 first-seen batch shape). A new launched kernel fails ``test_every_launched_kernel_is_declared`` until it is
 listed below with the integers that change from step to step."""
 from __future__ import annotations
@@ -16,7 +16,6 @@ pytest.importorskip("triton")
 PER_BATCH = {
     ("nanocore.kernels.paged_attention_kernel", "paged_attention_kernel"): {"num_q_tiles", "num_splits", "stride_bt"},
     ("nanocore.kernels.split_kv", "merge_splits_kernel"): {"num_splits"},
-    ("nanocore.kernels.narrow_decode", "narrow_decode_kernel"): {"num_splits", "stride_bt"},
     ("nanocore.kernels.rmsnorm", "_rms_norm_tile_kernel"): {"num_rows"},
     ("nanocore.kernels.rmsnorm", "_rms_norm_loop_kernel"): set(),  # rows in the grid only
     ("nanocore.kernels.kv_store", "store_kv_kernel"): set(),  # tokens in the grid only

@@ -64,7 +64,7 @@ def test_quantized_layouts(layout):
     check(q, cache, meta, layout=layout)
 
 
-QUANT_PATHS = ["dequant", "fold", "fold_kdeq", "fp16", "fp16_vw", "fp16_kvw"]
+QUANT_PATHS = ["fold", "fp16_hwcvt"]
 
 
 @pytest.mark.parametrize("path", QUANT_PATHS)
@@ -112,14 +112,14 @@ def test_fp16_path_applies_only_where_it_can():
     """One-byte K and V, 16-bit queries, K groups of 16+ (power of two); else the kernel takes "fold"."""
     from nanocore.kernels.narrow_attention import narrow_constexprs
 
-    def args(layout, q_dtype=torch.float16, kv_heads=2, head_dim=64, path="fp16_hwcvt_vw"):
+    def args(layout, q_dtype=torch.float16, kv_heads=2, head_dim=64, path="fp16_hwcvt"):
         q, cache, meta = make_case([(1, 20)], 2 * kv_heads, kv_heads, head_dim, 16, torch.float16, layout=layout)
         from nanocore.kernels.paged_attention import _layout_args
         k, v, ks, vs, codes, groups, _ = _layout_args(cache, layout, q, q)
         return narrow_constexprs(path, q.to(q_dtype), k, v, ks, vs, codes, groups[0], head_dim)
 
     kv = args(QUANT_LAYOUTS["k_int8_v_fp8"])
-    assert kv["NARROW"] and kv["WORDS"] == 1 and kv["KS_HALVES"] and kv["VS_HALVES"] and kv["KS_NUM_PAD"] == 2
+    assert kv["NARROW"] and kv["KS_HALVES"] and kv["VS_HALVES"] and kv["KS_NUM_PAD"] == 2
     assert kv["KS_ROW"] == 2 * 2 // 2 and kv["VS_ROW"] == 2 // 2  # int32 words per slot
     assert not args(QUANT_LAYOUTS["int8"], q_dtype=torch.float32)["NARROW"]
     assert not args(QUANT_LAYOUTS["int8"], path="fold")["NARROW"]
@@ -127,5 +127,3 @@ def test_fp16_path_applies_only_where_it_can():
     assert not args(None)["NARROW"]  # a 16-bit cache
     odd = args(QUANT_LAYOUTS["k_int8_v_fp8"], kv_heads=1)  # fp16 V scales of one head: no whole words
     assert odd["NARROW"] and not odd["VS_HALVES"] and odd["KS_HALVES"]
-    assert args(QUANT_LAYOUTS["int8"], path="fp16_kvw")["WORDS"] == 2
-    assert args(QUANT_LAYOUTS["int8"], path="fp16")["WORDS"] == 0

@@ -1,4 +1,4 @@
-"""The kernel warm-up covers every constexpr choice a serving step can select (issue 19: no compile for a
+"""The kernel warm-up covers every constexpr choice a serving step can select (no compile for a
 first-seen batch shape): its batches, run through the dispatch code, give exactly the choices a brute force over
 all batches within the engine's limits gives; token-count choices (RMSNorm rows, GEMM and MoE configs) too."""
 from __future__ import annotations
@@ -21,7 +21,7 @@ CASES = [  # (limits, shape, SM count)
     (ServingLimits(256, 20, 2048), BF16_QWEN3_06B, 132),
     (ServingLimits(200, 20, 2048), AttentionShape(7, 4, 128, 2, False), 16),  # Qwen2.5-7B's group
     (ServingLimits(256, 16, 4096), AttentionShape(4, 2, 64, 1, True), 132),  # one-byte cache, grouped K
-    # one-byte cache, short contexts: a few programs take the 4-warp tile unsplit, many the 1-warp tile (session 12)
+    # one-byte cache, short contexts: a few programs take the 4-warp tile unsplit, many the 1-warp tile
     (ServingLimits(256, 64, 512), AttentionShape(2, 8, 128, 1, False), 132),
     (ServingLimits(48, 4, 40), BF16_QWEN3_06B, 132),  # max_model_len below the batch budget
 ]
@@ -65,17 +65,6 @@ def test_warmup_batches_select_exactly_the_reachable_attention_choices(limits, s
     planned = {choice_of(b, shape, sms) for b in plan}
     reachable = reachable_choices(limits, shape, sms)
     assert planned == reachable, (f"not warmed: {reachable - planned}", f"unreachable: {planned - reachable}")
-
-
-@pytest.mark.parametrize("limits,shape,sms", [
-    CASES[3], (ServingLimits(256, 64, 1024), AttentionShape(2, 8, 128, 1, False), 16)])
-def test_the_cuda_core_decode_path_is_warmed_too(limits, shape, sms, monkeypatch):
-    """``NANOCORE_ATTN_QUANT_PATH=cuda_core`` adds its own decode configs (16 keys, 1 warp): the plan still covers
-    exactly what serving can select."""
-    monkeypatch.setenv("NANOCORE_ATTN_QUANT_PATH", "cuda_core")
-    planned = {choice_of(b, shape, sms) for b in warmup_plan(limits, shape, sms)}
-    assert any(c.config.quant_path == "cuda_core" for c in planned)
-    assert planned == reachable_choices(limits, shape, sms)
 
 
 def test_the_h200_qwen3_plan_is_small_and_covers_every_split_count():

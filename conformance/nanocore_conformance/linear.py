@@ -19,8 +19,8 @@ from nanocore_conformance.base import MAX_EXAMPLES, generator, randn, suite_sett
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.linear_checkpoints import LinearCheckpointConformance
 from nanocore_conformance.linear_formats import WRITERS
-from nanocore_conformance.linear_layers import (ROW_PARALLEL, LayerShape, build_layers, check_quantize_output,
-                                                checkpoint_weights, load_checkpoint)
+from nanocore_conformance.linear_layers import (  # noqa: F401  (quantize_layer, method_options: public here too)
+    ROW_PARALLEL, LayerShape, build_layers, checkpoint_weights, load_checkpoint, method_options, quantize_layer)
 from nanocore_conformance.quant_noise import NOISE_SIGMAS, float_slack, predicted_std, weight_step
 
 # each example is a whole decoder layer (four layers, up to two ranks): fewer examples, and no shrinking, which
@@ -53,24 +53,6 @@ def build_layer(method, weight: torch.Tensor, partitions: list[int], dtype, devi
         param.weight_loader(param, tensor.to(device))
     method.process_weights_after_loading(layer)
     return layer
-
-
-def quantize_layer(cls: type, weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
-    """What ``nanocore quantize`` writes for one decoder layer: ``quantize`` output, else the tensors themselves."""
-    try:
-        tensors, config = cls.quantize(dict(weights))
-    except NotImplementedError:
-        return dict(weights), {}
-    check_quantize_output(cls, weights, tensors, config)
-    return tensors, config
-
-
-def method_options(options: dict, config: dict) -> dict:
-    """The options the model loader gives a method for a checkpoint with this ``quantization_config``."""
-    options = dict(options)
-    if config.get("quant_method") is not None:
-        options.setdefault("quantization_config", config)
-    return options
 
 
 def random_activations(*shape: int, g: torch.Generator) -> torch.Tensor:

@@ -36,6 +36,8 @@ from nanocore_conformance.linear_layers import (
     build_layers,
     checkpoint_weights,
     load_checkpoint,
+    method_options,
+    quantize_layer,
 )
 
 #: K multiple of 128 (group formats), N multiple of 8 (packed zero points); one TP rank.
@@ -137,8 +139,6 @@ class LinearCheckpointConformance:
                 f"checkpoint_support({name}) must return None (loads it) or a reason, got {verdict!r}")
 
     def test_accepts_its_own_quantize_output(self, backend_cls):
-        from nanocore_conformance.linear import quantize_layer
-
         _, config = quantize_layer(backend_cls, checkpoint_weights(SMALL, generator(3)))
         verdict = backend_cls.checkpoint_support(config or None)
         assert verdict is None, (f"checkpoint_support refuses the quantization_config its own quantize writes "
@@ -146,7 +146,6 @@ class LinearCheckpointConformance:
 
     def test_loads_every_format_it_claims(self, backend_cls, backend_options, dtype, device):
         from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
-        from nanocore_conformance.linear import method_options
         for name, (config, writer) in CATALOG.items():
             if backend_cls.checkpoint_support(config) is not None:
                 continue

@@ -132,3 +132,21 @@ def check_quantize_output(cls: type, weights: dict[str, torch.Tensor], tensors: 
         reason = cls.checkpoint_support(config)
         assert reason is None, (f"quantize wrote {config} but the class's checkpoint_support refuses it ({reason}); "
                                 f"'auto' would not pick it for its own checkpoints")
+
+
+def quantize_layer(cls: type, weights: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict]:
+    """What ``nanocore quantize`` writes for one decoder layer: ``quantize`` output, else the tensors themselves."""
+    try:
+        tensors, config = cls.quantize(dict(weights))
+    except NotImplementedError:
+        return dict(weights), {}
+    check_quantize_output(cls, weights, tensors, config)
+    return tensors, config
+
+
+def method_options(options: dict, config: dict) -> dict:
+    """The options the model loader gives a method for a checkpoint with this ``quantization_config``."""
+    options = dict(options)
+    if config.get("quant_method") is not None:
+        options.setdefault("quantization_config", config)
+    return options

@@ -50,7 +50,8 @@ class SchedulerDriver:
 
     def __init__(self, policy, max_num_batched_tokens: int, max_num_seqs: int, block_size: int, num_blocks: int,
                  max_model_len: int = 1 << 20):
-        prefix_cache = get_registry().get("prefix_cache", "none").cls(block_size, num_blocks)
+        registry = get_registry()
+        prefix_cache = registry.instantiate(registry.get("prefix_cache", "none"), None, block_size, num_blocks)
         self.block_manager = BlockManager(num_blocks, block_size, prefix_cache)
         self.scheduler = Scheduler(policy, self.block_manager, max_num_seqs, max_num_batched_tokens, max_model_len)
         self.kv: list[int | None] = [None] * (num_blocks * block_size)

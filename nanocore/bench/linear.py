@@ -36,12 +36,15 @@ def _copy_loader(param: torch.Tensor, loaded: torch.Tensor, *args, **kwargs) -> 
     param.data.copy_(loaded)
 
 
-def build_layer(cls, options: dict, weight: torch.Tensor, dtype: torch.dtype):
-    """A layer of method ``cls`` holding ``weight`` as its checkpoint would: quantize, create, load, process."""
-    method, layer = cls(options), torch.nn.Module()
+def build_layer(entry, options: dict, weight: torch.Tensor, dtype: torch.dtype):
+    """A layer of the registry's linear method ``entry`` holding ``weight`` as its checkpoint would: quantize, create,
+    load, process."""
+    from nanocore.plugins import get_registry
+
+    method, layer = get_registry().instantiate(entry, options), torch.nn.Module()
     n, k = weight.shape
     try:
-        tensors, _config = cls.quantize({"weight": weight.to(dtype)})
+        tensors, _config = entry.cls.quantize({"weight": weight.to(dtype)})
     except NotImplementedError:
         tensors = {"weight": weight.to(dtype)}
     with torch.device(weight.device):
@@ -75,10 +78,10 @@ def _rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
     return float((y.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
 
 
-def _twin(cls, weight, dtype):
+def _twin(entry, weight, dtype):
     """The same method forced onto its torch reference, or None when it has no ``kernel`` option."""
     try:
-        return build_layer(cls, {"kernel": "torch"}, weight, dtype)
+        return build_layer(entry, {"kernel": "torch"}, weight, dtype)
     except (ValueError, TypeError):
         return None
 
@@ -88,10 +91,10 @@ def bench_shape(methods: dict, shape: str, n: int, k: int, ms: list[int], dtype,
     g = torch.Generator(device=device).manual_seed(seed)
     weight = torch.randn(n, k, device=device, generator=g) * k ** -0.5
     rows, built = [], {}
-    for name, cls in methods.items():
+    for name, entry in methods.items():
         try:
-            twin = _twin(cls, weight, dtype) if name != BASELINE else None
-            built[name] = (*build_layer(cls, {}, weight, dtype), twin)
+            twin = _twin(entry, weight, dtype) if name != BASELINE else None
+            built[name] = (*build_layer(entry, {}, weight, dtype), twin)
         except Exception as exc:  # report it and keep measuring the others
             rows.append({"shape": shape, "method": name, "error": f"build: {exc!r}"[:300]})
     for m in ms:
@@ -122,12 +125,13 @@ def layer_graph_ms(methods: dict, shapes: dict, ms: list[int], dtype, device, se
     """(method, M) -> milliseconds of the layer's four linears captured in one CUDA graph (kernels back to back,
     as a graph-captured decode step runs them), after an L2 flush; a method that fails maps to its error."""
     out: dict = {}
-    for name, cls in methods.items():
+    for name, entry in methods.items():
         layers: list = []
         try:
             for n, k in shapes.values():
                 g = torch.Generator(device=device).manual_seed(seed)
-                layers.append(build_layer(cls, {}, torch.randn(n, k, device=device, generator=g) * k ** -0.5, dtype))
+                layers.append(build_layer(entry, {}, torch.randn(n, k, device=device, generator=g) * k ** -0.5,
+                                          dtype))
             for m in ms:
                 xs = [torch.randn(m, k, device=device, dtype=dtype) for _, k in shapes.values()]
                 out[(name, m)] = graph_time_ms(
@@ -175,7 +179,7 @@ def summarise(rows: list[dict], names: list[str], ms: list[int]) -> list[dict]:
 
 
 def installed_methods(device: torch.device, wanted: list[str] | None) -> tuple[dict, dict]:
-    """(name -> class for methods that run here, name -> reason for those skipped); baseline first."""
+    """(name -> registry entry for methods that run here, name -> reason for those skipped); baseline first."""
     from nanocore.plugins import get_registry
 
     registry = get_registry()
@@ -183,12 +187,12 @@ def installed_methods(device: torch.device, wanted: list[str] | None) -> tuple[d
     names = [BASELINE] + [n for n in names if n != BASELINE]
     methods, skipped = {}, {}
     for name in names:
-        cls = registry.get("linear_method", name).cls
-        reason = cls.supports(device)
+        entry = registry.get("linear_method", name)
+        reason = entry.cls.supports(device)
         if reason:
             skipped[name] = reason
         else:
-            methods[name] = cls
+            methods[name] = entry
     return methods, skipped
 
 

@@ -109,7 +109,7 @@ def run_tune_linear(args) -> int:
     rows = []
     for name, cls in methods.items():
         rows += tune_method(name, cls, SHAPES[args.shapes], ms, dtype, device)
-    best = best_rows(rows, {name: cls.tolerance[0] for name, cls in methods.items()})
+    best = best_rows(rows, {name: entry.cls.tolerance[0] for name, entry in methods.items()})
     print(f"tune linear: one {args.shapes} layer, {dtype}, {torch.cuda.get_device_name()}")
     print(format_table(best))
     write_json(args.json, {"command": "tune linear", "shapes": args.shapes, "ms": ms, "skipped": skipped,

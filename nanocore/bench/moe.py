@@ -155,7 +155,7 @@ def run_from_args(args: argparse.Namespace) -> int:
     if unknown:
         raise ValueError(f"unknown expert weight format(s) {unknown}; choose from ['float', 'fp8_channel']")
     names = args.executors.split(",")
-    executors = variants({n: get_registry().resolve("moe_executor", n, "cuda").cls() for n in names}, formats)
+    executors = variants({n: get_registry().build("moe_executor", n, "cuda") for n in names}, formats)
     rows = run(executors, [SHAPES[s] for s in args.shapes.split(",")],
                [int(t) for t in args.tokens.split(",")], DTYPES[args.dtype], baseline=next(iter(executors)))
     with open(args.output, "w") as f:

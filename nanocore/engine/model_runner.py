@@ -94,7 +94,7 @@ class ModelRunner:
         self.dtype = dtype = loaded.dtype
         self.codec = codec
         self.block_size = config.block_size
-        self.decode_order = decode_order_mode(device.type)  # read once: the warm-up and the graphs follow it
+        self.decode_order = decode_order_mode(device.type, config.attention_decode_order)  # graphs follow it
         self.eos_token_ids = list(loaded.eos_token_ids or [])
         kv_cache_spec = model.kv_cache_spec
         num_layers, num_kv_heads, head_dim = kv_cache_spec

@@ -1,92 +1,63 @@
 """Launch configuration of the paged-attention kernels: tiles, split-KV and the quantized-KV path.
 
 No kernels here, so the choices and their measured reasons read in one place; ``paged_attention`` re-exports
-the names its callers use.
+the names its callers use. Everything is an argument or a named constant: nothing is read from the environment.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 import triton
 
-#: How quantized K/V tiles meet the dots (``AttentionConfig.quant_path``; None picks this default):
-#: "dequant": the whole tile is scaled in registers (int8/fp8 -> fp32 * scale -> q dtype) before each dot;
+#: How quantized K/V tiles meet the dots (``AttentionConfig.quant_path``; None picks ``DEFAULT_QUANT_PATH``):
 #: "fold": per-(token, head) scales go on the score / probability columns, a group-scaled K is read as
-#: head_dim / group column slices, one dot each, scaled per score column (groups of 16+ elements, a power
-#: of two; others fall back to "dequant" for K); "fold_kdeq": "fold" but a group-scaled K is dequantized.
-#: "fp16" / "fp16_hwcvt": one-byte K and V are converted to fp16 with bit tricks (fp8 by the hardware's
-#: e4m3x2 -> f16x2 instruction with "_hwcvt") and both dots run in fp16, scales folded
-#: (``narrow_attention``); layouts it does not cover (wider elements, fp32 queries, groups under 16) use "fold".
-#: "_vw": V is read as int32 words and converted in registers before it reaches shared memory; "_kvw": K too.
-#: "cuda_core": pure decode steps of a one-byte K and V run ``narrow_decode_kernel`` (only the GQA group's rows, dots
-#: on CUDA cores, fp8 by the hardware conversion); other batches take "fp16_hwcvt".
-QUANT_PATHS = ("dequant", "fold", "fold_kdeq", "fp16", "fp16_hwcvt", "fp16_vw", "fp16_hwcvt_vw", "fp16_hwcvt_kvw",
-               "fp16_kvw", "cuda_core")
-#: Default path of prefill tiles; ``NANOCORE_ATTN_QUANT_PATH`` overrides it and ``DECODE_QUANT_PATH`` (one of
-#: ``QUANT_PATHS``) for A/B runs of the engine. "fold", measured on the H200 with 4-warp decode tiles
-#: (docs/data/attention_quant_tune_h200.json): fastest at 256 x 512 for every layout then; prefill tiles keep it.
+#: head_dim / group column slices, one dot each, scaled per score column (groups of 16+ elements, a power of two;
+#: narrower groups are dequantized in registers before the dot);
+#: "fp16_hwcvt": one-byte K and V are converted to fp16 (fp8 by the hardware's e4m3x2 -> f16x2 instruction where the
+#: GPU has one, sm_89+, else with integer bit tricks) and both dots run in fp16, scales folded (``narrow_attention``);
+#: layouts it does not cover (wider elements, fp32 queries, K groups under 16) take "fold".
+QUANT_PATHS = ("fold", "fp16_hwcvt")
+#: Path of prefill tiles and of decode-shaped chunks of 2+ tokens: fastest at 256 x 512 for every layout with
+#: 4-warp tiles (H200, measured with the attention tuning sweep at dfa4d10; git history holds its JSON).
 DEFAULT_QUANT_PATH = "fold"
-#: Path of the one-byte decode tile. H200, session 7 sweep (docs/data/attention_decode_sweep_h200.json, per layer,
-#: 256 x 512, GQA 2 / 4): fp16_hwcvt at (32, 1, 3) 112-116 us for int8, fp8_e4m3 and k_int8_v_fp8 alike, fold at the
-#: same tile 116-178 us, the old 4-warp tiles 145-176 us; bf16 158 / 196 us.
+#: Path of the one-byte decode tile: H200 per layer at 256 x 512, GQA 2 / 4 (docs/data/attention/decode_sweep.json):
+#: 112-116 us at (32, 1, 3) for int8, fp8_e4m3 and k_int8_v_fp8 alike, "fold" at the same tile 116-178 us.
 DECODE_QUANT_PATH = "fp16_hwcvt"
 #: Decode tiles (block_n, num_warps, num_stages) when K and V are stored in one byte per element. One warp per
-#: program: the 4-warp tiles (ncu, 64 x 4K, fp8 fp16_hwcvt 128/4/2: 255 registers with spills, 8 warps per SM,
+#: program: the 4-warp tiles (ncu, 64 x 4K, fp8 128/4/2: 255 registers with spills, 8 warps per SM,
 #: 67% of cycles with no eligible warp, DRAM at 49%) were latency-bound; 32 keys per 1-warp program keep many
 #: small programs resident and need no cross-warp reductions per tile. Long contexts split the KV range so that
-#: enough warps run (``choose_num_splits``). ``NANOCORE_ATTN_DECODE_TILE="128/4/2"`` overrides it.
+#: enough warps run (``choose_num_splits``).
 NARROW_DECODE_TILE = (32, 1, 3)
-#: "fold"'s tile for group-scaled K (k_int8_v_fp8): the default of its decode-shaped batches with a chunk of 2+
-#: tokens, and of every decode tile under ``NANOCORE_ATTN_QUANT_PATH=fold``.
+#: "fold"'s tile for group-scaled K (k_int8_v_fp8) in decode-shaped batches with a chunk of 2+ tokens.
 GROUP_K_DECODE_TILE = (64, 4, 2)
-#: The 4-warp one-byte tile (the default before session 7), for two kinds of decode-shaped batch:
-#: - with a chunk of 2+ tokens (up to 64 rows; H200, "fold": int8 / fp8 128/4/2): one warp would hold a 64-row
-#:   accumulator (sm_90 compile: 3.5 KB of stack, 15 s per variant);
-#: - pure decode with fewer 1-warp programs than SMs until session 14 (now ``FEW_PROGRAMS_DECODE_TILE``).
+#: The 4-warp one-byte tile of decode-shaped batches with a chunk of 2+ tokens (up to 64 rows; H200, "fold": int8 /
+#: fp8 128/4/2): one warp would hold a 64-row accumulator (sm_90 compile: 3.5 KB of stack, 15 s per variant).
 WIDE_NARROW_TILE = (128, 4, 2)
 #: Pure decode with fewer 1-warp programs than SMs (sequences x KV heads, before splitting: batch 1 to ~16) and contexts
 #: up to ``FEW_PROGRAMS_MAX_SEQ_LEN`` (under decode graphs: their context tier): a few programs walk their keys tile
 #: after tile, so the chain per program sets the time; 4-warp 32-key programs, split down to one tile per split.
-#: H200, graph-timed per layer, GQA 2 (bf16 5.0 / 9.9 us at 1 x 128 / 1 x 1,024). Session 14 (s14b): int8 9.7 us at 1 x
-#: 1,024 (8 splits) against the 128-key tile's 15.3 and the 1-warp tile's 18.1 (4 splits of 256+ keys). Session 15
-#: (s15c, same call): at 1 x 128 this tile split 4-8 ways 6.0-6.8 us against the 1-warp tile's 7.8-8.6 at any split
-#: count; TPOT 128 / 128 (``max_model_len`` 1,024) k_int8_v_fp8 1.515 ms with it, 1.572 with the 1-warp tile split 32
-#: ways, bf16 1.467. Longer contexts take the 1-warp tile, split down to one or two tiles per split
-#: (``choose_num_splits``): s15b found this tile 1.46-1.65x bf16 at 1 x 16K (64 splits of 4-warp programs at 168
-#: registers: 1.29 waves) and 1.10-1.37x at 1 x 4K, where the 1-warp tile split 64 ways ran 0.76-0.83x / 0.96-0.99x
-#: (TPOT at 16K, s15c: k_int8_v_fp8 2.129 ms, bf16 2.039; s15b: this tile 2.727).
+#: H200, graph-timed per layer, GQA 2 (bf16 5.0 / 9.9 us at 1 x 128 / 1 x 1,024): int8 9.7 us at 1 x 1,024 (8 splits)
+#: against the 128-key tile's 15.3 and the 1-warp tile's 18.1 (4 splits of 256+ keys); at 1 x 128 this tile split
+#: 4-8 ways 6.0-6.8 us against the 1-warp tile's 7.8-8.6 at any split count; TPOT 128 / 128 (``max_model_len``
+#: 1,024) k_int8_v_fp8 1.515 ms with it, 1.572 with the 1-warp tile split 32 ways, bf16 1.467. Longer contexts take
+#: the 1-warp tile, split down to one or two tiles per split (``choose_num_splits``): this tile ran 1.46-1.65x bf16
+#: at 1 x 16K (64 splits of 4-warp programs at 168 registers: 1.29 waves) and 1.10-1.37x at 1 x 4K, where the 1-warp
+#: tile split 64 ways ran 0.76-0.83x / 0.96-0.99x (TPOT at 16K: k_int8_v_fp8 2.129 ms, bf16 2.039).
 FEW_PROGRAMS_DECODE_TILE = (32, 4, 3)
 FEW_PROGRAMS_MAX_SEQ_LEN = 1024
-#: "cuda_core" path (``narrow_decode``, opt-in: ``NANOCORE_ATTN_QUANT_PATH=cuda_core``): its tile, and the largest GQA
-#: group it takes (its instructions per byte grow with the group). H200, session 12 (``attention_decode_sweep
-#: --variants cuda_core / grid``, per layer, 16/1/1): GQA 2, int8 / fp8 per-token scales: 256 x 512 110.7 / 103.2 us
-#: vs the fp16 tile's 112.9 / 110.5 (bf16 142.7), 64 x 4K 212.5 / 196.3 vs 202.7 / 189.6 (bf16 258.5); group-scaled
-#: K (k_int8_v_fp8) 276.4 at 64 x 4K vs 209.0, so it keeps the fp16 tile; GQA 4: 1.12-1.32x bf16 at the best tiles
-#: against the fp16 tile's 0.75-0.82x. Batches with fewer programs than SMs keep the 4-warp fp16 tile (one warp
-#: would walk a short context tile by tile); head_dim must be a power of two (``narrow_decode.covers``).
-CUDA_CORE_DECODE_TILE = (16, 1, 1)
-CUDA_CORE_MAX_GROUP = 2
-#: Fewest KV splits of a 1-warp one-byte decode grid (the fp16 tile's and the CUDA-core kernel's; ``choose_num_splits``
-#: may choose more). One program per (sequence, KV head, split) walks its range tile after tile, so in a batch of
-#: mixed lengths the longest sequences' programs set the step's time (s14b / s14c: the Nano-vLLM workload's decode
-#: kernel 1.14x bf16's where a uniform batch runs 0.78x). Measured as a floor in `bench throughput` (s14c,
-#: k_int8_v_fp8 vs bf16, one call): 1 0.934x, 2 0.951x, 4 0.904x; 2 also slowed the uniform and the 256-row mixed
-#: batches of the kernel sweep and was not run on the near-uniform KV-bound workload, so the default stays 1.
-#: ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` overrides it.
-ONE_WARP_MIN_SPLITS = 1
-#: Launch order of a pure-decode grid's sequences: "longest_first" (the default: the step's
-#: ``AttentionMetadata.decode_order``, longest context first, with the KV heads on grid axis 0, so the longest
-#: sequences' programs start in the first wave and short ones fill the tail: longest-processing-time-first; with KV
-#: splits, splits stay the slowest grid axis, so the order holds within each split) or "batch" (the batch's rows in
-#: order; ``NANOCORE_ATTN_DECODE_ORDER=batch`` for A/B runs). H200, session 15 (s15a, one call, Nano-vLLM workload,
-#: output tok/s): k_int8_v_fp8 21,500 -> 24,280 (0.889x -> 1.004x bf16), bf16 24,180 -> 24,210; the decode kernel on
-#: the workload's mixed-length batches (GQA 2, per layer) 0.81-0.90x bf16 where the batch order ran 1.06-1.15x.
+#: Launch order of a pure-decode grid's sequences (``EngineConfig.attention_decode_order``): "longest_first" (the
+#: default on CUDA: the step's ``AttentionMetadata.decode_order``, longest context first, with the KV heads on grid
+#: axis 0, so the longest sequences' programs start in the first wave and short ones fill the tail:
+#: longest-processing-time-first; with KV splits, splits stay the slowest grid axis, so the order holds within each
+#: split) or "batch" (the batch's rows in order). H200, Nano-vLLM workload, output tok/s, one call: k_int8_v_fp8
+#: 21,500 -> 24,280 (0.889x -> 1.004x bf16), bf16 24,180 -> 24,210; the decode kernel on the workload's mixed-length
+#: batches (GQA 2, per layer) 0.81-0.90x bf16 where the batch order ran 1.06-1.15x.
 DECODE_ORDERS = ("batch", "longest_first")
 DEFAULT_DECODE_ORDER = "longest_first"
-#: Grid order of decode-shaped grids (one query tile per sequence): the KV heads of a sequence as neighbouring
-#: programs (grid axis 0), so a cached token's heads, adjacent in the [slot, head, dim] cache, are read together.
+#: Grid order of decode-shaped grids (one query tile per sequence) without a decode order: the sequences on grid
+#: axis 0 (``AttentionConfig.heads_first`` True puts a sequence's KV heads next to each other instead).
 DECODE_HEADS_FIRST = False
 
 
@@ -105,37 +76,13 @@ class AttentionConfig:
 
 
 def fp16_path(path: str) -> bool:
-    """One-byte K/V reach the dots as fp16 on this path (``narrow_attention`` / ``narrow_decode``)."""
-    return path.startswith("fp16") or path == "cuda_core"
+    """One-byte K/V reach the dots as fp16 on this path (``narrow_attention``)."""
+    return path == "fp16_hwcvt"
 
 
-def default_quant_path() -> str:
-    path = os.environ.get("NANOCORE_ATTN_QUANT_PATH") or DEFAULT_QUANT_PATH
-    if path not in QUANT_PATHS:
-        raise ValueError(f"NANOCORE_ATTN_QUANT_PATH={path!r} is not one of {QUANT_PATHS}; unset it or pick one")
-    return path
-
-
-def decode_quant_path() -> str:
-    """Path of one-byte decode tiles: ``NANOCORE_ATTN_QUANT_PATH`` if set (it then applies to every tile, so
-    ``fold`` there also moves decode off its fp16 default), else ``DECODE_QUANT_PATH``."""
-    return default_quant_path() if os.environ.get("NANOCORE_ATTN_QUANT_PATH") else DECODE_QUANT_PATH
-
-
-def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True,
-                        few_programs: bool = False) -> tuple[int, int, int]:
+def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool, few_programs: bool) -> tuple[int, int, int]:
     """Tile of a one-byte cache's decode-shaped batch (``few_programs``: fewer sequences x KV heads than SMs, contexts
-    up to ``FEW_PROGRAMS_MAX_SEQ_LEN``);
-    ``NANOCORE_ATTN_DECODE_TILE`` replaces the one-token tile only (a 1-warp override must not reach the 2+-token
-    tiles: 64-row 1-warp variants compile for 15 s each)."""
-    env = os.environ.get("NANOCORE_ATTN_DECODE_TILE") if one_token else None
-    if env:
-        try:
-            block_n, warps, stages = (int(x) for x in env.split("/"))
-        except ValueError:
-            raise ValueError(f"NANOCORE_ATTN_DECODE_TILE={env!r}: expected block_n/num_warps/num_stages, "
-                             f"e.g. 128/4/2") from None
-        return block_n, warps, stages
+    up to ``FEW_PROGRAMS_MAX_SEQ_LEN``)."""
     if k_grouped and not fp16_path(quant_path):
         return GROUP_K_DECODE_TILE
     if not one_token:
@@ -146,20 +93,13 @@ def _narrow_decode_tile(quant_path: str, k_grouped: bool, one_token: bool = True
 def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: int = 2,
                    k_grouped: bool = False, few_programs: bool = False, max_seq_len: int = 0) -> AttentionConfig:
     """Decode-shaped batches get a small M tile (the GQA group); prefill gets flash-attention tiles. A one-byte
-    cache's decode-shaped tiles carry their path (``decode_quant_path`` for one token, else ``default_quant_path``);
-    prefill tiles leave it None (``default_quant_path`` at launch). ``few_programs``: fewer sequences x KV heads than
-    SMs; with ``max_seq_len`` up to ``FEW_PROGRAMS_MAX_SEQ_LEN`` (0: unknown, taken as short) they get the
-    few-programs tile."""
+    cache's decode-shaped tiles carry their path (``DECODE_QUANT_PATH`` for one token, else ``DEFAULT_QUANT_PATH``);
+    prefill tiles leave it None. ``few_programs``: fewer sequences x KV heads than SMs; with ``max_seq_len`` up to
+    ``FEW_PROGRAMS_MAX_SEQ_LEN`` (0: unknown, taken as short) they get the few-programs tile."""
     rows = max_query_len * group
     if rows <= 64 and kv_itemsize == 1:
         one_token = max_query_len <= 1 and rows <= 16  # pure decode steps: the measured 1-warp tile
-        path = decode_quant_path() if one_token else default_quant_path()
-        if (path == "cuda_core" and one_token and not few_programs and group <= CUDA_CORE_MAX_GROUP
-                and not k_grouped and head_dim & (head_dim - 1) == 0):
-            env = os.environ.get("NANOCORE_ATTN_DECODE_TILE")  # A/B runs of its tile
-            tile = _narrow_decode_tile(path, k_grouped) if env else CUDA_CORE_DECODE_TILE
-            return AttentionConfig(16, *tile, quant_path=path)
-        path = "fp16_hwcvt" if path == "cuda_core" else path  # batches the CUDA-core kernel does not serve well
+        path = DECODE_QUANT_PATH if one_token else DEFAULT_QUANT_PATH
         short = max_seq_len <= FEW_PROGRAMS_MAX_SEQ_LEN
         tile = _narrow_decode_tile(path, k_grouped, one_token, few_programs and short)
         return AttentionConfig(max(16, triton.next_power_of_2(rows)), *tile, quant_path=path)
@@ -169,35 +109,20 @@ def default_config(max_query_len: int, group: int, head_dim: int, kv_itemsize: i
     return AttentionConfig(max(64, triton.next_power_of_2(group)), 32, 4, 3)
 
 
-def decode_order_mode(device_type: str = "cuda") -> str:
-    """``NANOCORE_ATTN_DECODE_ORDER`` (one of ``DECODE_ORDERS``); unset: ``DEFAULT_DECODE_ORDER`` on CUDA, "batch"
-    elsewhere (the torch reference path never reads the order)."""
-    mode = os.environ.get("NANOCORE_ATTN_DECODE_ORDER") or (DEFAULT_DECODE_ORDER if device_type == "cuda" else "batch")
-    if mode not in DECODE_ORDERS:
-        raise ValueError(f"NANOCORE_ATTN_DECODE_ORDER={mode!r} is not one of {DECODE_ORDERS}; unset it for the "
-                         f"default ({DEFAULT_DECODE_ORDER})")
-    return mode
+def decode_order_mode(device_type: str, requested: str = "auto") -> str:
+    """The decode order a runner on ``device_type`` uses (``EngineConfig.attention_decode_order``): "auto" is
+    ``DEFAULT_DECODE_ORDER`` on CUDA and "batch" elsewhere (the torch reference path never reads the order)."""
+    if requested == "auto":
+        return DEFAULT_DECODE_ORDER if device_type == "cuda" else "batch"
+    if requested not in DECODE_ORDERS:
+        raise ValueError(f"attention_decode_order {requested!r} is not one of {('auto', *DECODE_ORDERS)}; leave it "
+                         f"'auto' for the default ({DEFAULT_DECODE_ORDER} on CUDA)")
+    return requested
 
 
 def longest_first(seq_lens) -> np.ndarray:
     """Row indices of a decode batch, longest context first (ties in batch order): ``decode_order``'s values."""
     return np.argsort(-np.asarray(seq_lens, dtype=np.int64), kind="stable")
-
-
-def one_warp_min_splits() -> int:
-    """Fewest KV splits of a 1-warp one-byte decode grid: ``ONE_WARP_MIN_SPLITS``, or for A/B runs
-    ``NANOCORE_ATTN_DECODE_MIN_SPLITS`` (a power of two up to 64, as ``choose_num_splits`` gives)."""
-    env = os.environ.get("NANOCORE_ATTN_DECODE_MIN_SPLITS", "")
-    if not env:
-        return ONE_WARP_MIN_SPLITS
-    try:
-        splits = int(env)
-    except ValueError:
-        splits = 0
-    if not 1 <= splits <= 64 or splits & (splits - 1):
-        raise ValueError(f"NANOCORE_ATTN_DECODE_MIN_SPLITS={env!r}: expected a power of two from 1 to 64; unset it "
-                         f"for the default ({ONE_WARP_MIN_SPLITS})")
-    return splits
 
 
 def _pow2_at_most(n: int) -> int:
@@ -213,20 +138,24 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
     token per sequence) of fewer programs than SMs splits at least as many ways as one-tile splits of its first
     ``FEW_PROGRAMS_MAX_SEQ_LEN`` keys (rounded down to a power of two; a floor that only grows with the length, so
     the warm-up's walk over lengths holds): at batch 1 the chain of tiles per program sets the time (H200,
-    batch-1 TPOT, same call, s17b / s17c: with the floor 3.6-7.1% faster than without wherever it changes the split
-    count, e.g. 1 x 256 keys bf16 4 vs 1 splits 1.477 vs 1.532 ms, k_int8_v_fp8 8 vs 2 1.504 vs 1.601). 1-warp
-    programs (H200 sweep, session 7, one-byte decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs
-    ran fastest with 4 splits, 1,024 and more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6
+    batch-1 TPOT, one call: with the floor 3.6-7.1% faster than without wherever it changes the split count, e.g.
+    1 x 256 keys bf16 4 vs 1 splits 1.477 vs 1.532 ms, k_int8_v_fp8 8 vs 2 1.504 vs 1.601).
+
+    1-warp programs (H200 sweep, one-byte decode at 32 keys per tile, splits 1 / 4 / 16 measured): 512 programs ran
+    fastest with 4 splits, 1,024 and more unsplit (GQA 7 at 256 x 512: 61 us vs 99 with 4 splits): no split from 6
     programs per SM, else 16 per SM rounded down to a power of two, each split 256+ keys; with fewer programs than SMs
     (batch 1 to ~16 past ``FEW_PROGRAMS_MAX_SEQ_LEN``) a split may be a single tile (then rounded down to a power of
-    two, so one or two tiles): a batch of one gets 64 splits from 2,048 keys (s15b: fastest at 4K and 16K). Not measured: 256 programs get 8 (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
+    two, so one or two tiles): a batch of one gets 64 splits from 2,048 keys (fastest at 4K and 16K). No floor above
+    one split: in ``bench throughput`` (k_int8_v_fp8 vs bf16, one call) floors of 1 / 2 / 4 ran 0.934x / 0.951x /
+    0.904x, and 2 slowed the kernel sweep's uniform and 256-row mixed batches. Not measured: 256 programs get 8
+    (4: 115 us, 16: 136 us at GQA 7, 64 x 4K)."""
     tiles = triton.cdiv(max_seq_len, block_n)
     if programs < 1:
         return 1
     if num_warps == 1:
         if programs >= 6 * sm_count:
             return 1
-        # fewer programs than SMs: splits as short as one tile, before rounding down to a power of two (s15b: batch 1
+        # fewer programs than SMs: splits as short as one tile, before rounding down to a power of two (batch 1
         # ran fastest at 64 splits, 4K and 16K)
         min_keys = block_n if programs < sm_count else 256
         splits = min(16 * sm_count // programs, tiles * block_n // min_keys, 64)
@@ -282,6 +211,4 @@ def batch_choice(max_query_len: int, max_seq_len: int, num_seqs: int, query_lens
             q_tiles = sum(-(-n // block_q) for n in query_lens) if query_lens else num_seqs * num_q_tiles
         splits = choose_num_splits(q_tiles * num_kv_heads, max_seq_len, cfg.block_n, sm_count, cfg.num_warps,
                                    decode=max_query_len <= 1)  # pure decode: chunks of a few tokens keep the rule
-        if cfg.num_warps == 1 and kv_itemsize == 1 and max_query_len <= 1:
-            splits = max(splits, one_warp_min_splits())
     return AttentionChoice(cfg, fresh, cached, splits)

@@ -1,11 +1,10 @@
-"""Paged attention over one-byte (int8 / fp8 e4m3) K/V caches in fp16: the "fp16*" quantized paths.
+"""Paged attention over one-byte (int8 / fp8 e4m3) K/V caches in fp16: the "fp16_hwcvt" quantized path.
 
 Why (sm_90 SASS of the bf16 "fold" path, Triton 3.6): e4m3 becomes bf16 through one F2F per element
 (e4m3 -> f16 -> bf16), V is read byte by byte from shared memory (8-bit operands cannot use the transposing
 ldmatrix), 2-byte scale loads are not pipelined, and the kernel holds 186-255 registers (2 programs per SM).
 Here every int8 and e4m3 value is exact in fp16, so a one-byte tile becomes fp16 in registers (``CVT``, see
-``narrow_convert``); with ``WORDS`` the tile is read as int32 words and converted in registers, so it reaches
-shared memory as fp16; fp16 scales are read as int32 words. The query is pre-scaled by ``softmax scale *
+``narrow_convert``); fp16 scales are read as int32 words. The query is pre-scaled by ``softmax scale *
 log2(e)`` and rounded to fp16 once; both dots accumulate in fp32. Per-(token, head) scales are folded into the
 score columns (K) and into the probability columns (V); the latter are divided by the tile's largest V scale
 first, so the fp16 probabilities stay in [0, 1] whatever the scales' range.
@@ -18,19 +17,7 @@ import triton.language as tl
 
 from nanocore.kernels.attention_config import fp16_path
 from nanocore.kernels.device import converts_fp8, interpreting
-from nanocore.kernels.narrow_convert import FP8_BITS_UNIT, _words_to_f16, narrow_to_f16
-
-
-@triton.jit
-def load_words_f16(words_ptr, slot, kvh, stride_t, stride_h, kv_ok, IS_INT8: tl.constexpr, CVT: tl.constexpr,
-                   BLOCK_N: tl.constexpr, COL0: tl.constexpr, WIDTH: tl.constexpr, HEAD_DIM: tl.constexpr,
-                   MASKED: tl.constexpr):
-    """Columns ``COL0 .. COL0 + WIDTH`` of a one-byte tile, read as int32 words and converted to fp16 in
-    registers, so the tile reaches shared memory (for the dot's operand loads) as fp16, not bytes."""
-    w = load_rows(words_ptr, slot, kvh, COL0 // 4 + tl.arange(0, WIDTH // 4), stride_t, stride_h, kv_ok,
-                   MASKED, COL0 + WIDTH > HEAD_DIM, HEAD_DIM // 4)
-    b0, b1, b2, b3 = _words_to_f16(w, IS_INT8, CVT)
-    return tl.reshape(tl.join(tl.join(b0, b2), tl.join(b1, b3)), [BLOCK_N, WIDTH])
+from nanocore.kernels.narrow_convert import FP8_BITS_UNIT, narrow_to_f16
 
 
 @triton.jit
@@ -95,7 +82,7 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, K_SCALE: tl.constexpr, K_GROUP: tl.constexpr,
                   K_INT8: tl.constexpr, K_UNIT: tl.constexpr, KS_ROW: tl.constexpr, KS_HALVES: tl.constexpr,
                   KS_NUM_PAD: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr,
-                  D_MASKED: tl.constexpr, CVT: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                  D_MASKED: tl.constexpr, CVT: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """Scores in log2 units ``[BLOCK_M, BLOCK_N]`` (fp32) of the fp16 queries against a one-byte K tile."""
     if K_SCALE == 2:  # group scales: one dot per group of head_dim, scaled per score column
         NUM_G: tl.constexpr = HEAD_DIM // K_GROUP
@@ -106,21 +93,13 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
         for g in tl.static_range(NUM_G):
             qg = tl.load(q_ptr + q_off[:, None] + (g * K_GROUP + e)[None, :], mask=row_ok[:, None], other=0.0)
             qg = (qg.to(tl.float32) * scale_log2).to(tl.float16)  # L1-resident re-read, cheaper than registers
-            if WORDS == 2:
-                kg = load_words_f16(k_ptr, slot, kvh, stride_kt, stride_kh, kv_ok, K_INT8, CVT, BLOCK_N,
-                                    g * K_GROUP, K_GROUP, HEAD_DIM, MASKED)
-            else:
-                kg = narrow_to_f16(load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
-                                              MASKED, False, HEAD_DIM), K_INT8, CVT)
+            kg = narrow_to_f16(load_rows(k_ptr, slot, kvh, g * K_GROUP + e, stride_kt, stride_kh, kv_ok,
+                                          MASKED, False, HEAD_DIM), K_INT8, CVT)
             ksg = tl.sum(tl.where(gcol[None, :] == g, ks, 0.0), 1)
             s += tl.dot(qg, tl.trans(kg)) * ksg[None, :]
     else:
-        if WORDS == 2:
-            k = load_words_f16(k_ptr, slot, kvh, stride_kt, stride_kh, kv_ok, K_INT8, CVT, BLOCK_N, 0,
-                               HEAD_DIM_PAD, HEAD_DIM, MASKED)
-        else:
-            k = narrow_to_f16(load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED,
-                                         HEAD_DIM), K_INT8, CVT)
+        k = narrow_to_f16(load_rows(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED,
+                                     HEAD_DIM), K_INT8, CVT)
         s = tl.dot(q16, tl.trans(k))
         if K_SCALE == 1:
             s = s * (head_scale(ks_ptr, slot, kvh, kv_ok, KS_ROW, KS_HALVES, MASKED) * K_UNIT)[None, :]
@@ -133,15 +112,10 @@ def narrow_scores(q16, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_
 def narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh,
               V_SCALE: tl.constexpr, V_INT8: tl.constexpr, V_UNIT: tl.constexpr, VS_ROW: tl.constexpr,
               VS_HALVES: tl.constexpr, MASKED: tl.constexpr, HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr,
-              CVT: tl.constexpr, WORDS: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
-    """``P . V`` (fp32 ``[BLOCK_M, HEAD_DIM_PAD]``) for fp32 probabilities ``p`` and a one-byte V tile;
-    ``WORDS`` >= 1: ``v_ptr`` is the cache viewed as int32 (strides in words), see ``load_words_f16``."""
-    if WORDS >= 1:
-        v = load_words_f16(v_ptr, slot, kvh, stride_vt, stride_vh, kv_ok, V_INT8, CVT, BLOCK_N, 0, HEAD_DIM_PAD,
-                           HEAD_DIM, MASKED)
-    else:
-        v = narrow_to_f16(load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED,
-                                     HEAD_DIM), V_INT8, CVT)
+              CVT: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+    """``P . V`` (fp32 ``[BLOCK_M, HEAD_DIM_PAD]``) for fp32 probabilities ``p`` and a one-byte V tile."""
+    v = narrow_to_f16(load_rows(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED, HEAD_DIM),
+                      V_INT8, CVT)
     if V_SCALE == 1:  # columns of P times vs / max(vs): fp16 operands in [0, 1]; the max goes on the result
         vs = head_scale(vs_ptr, slot, kvh, kv_ok, VS_ROW, VS_HALVES, MASKED)
         top = tl.max(vs, 0)
@@ -163,7 +137,7 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     layout does not allow it: then the kernel takes the "fold" path). ``paged_attention`` memoises the result per step
     under a key of what this reads (dtypes, scale codes and strides, group, shapes): a new input belongs in that key."""
     off = dict(NARROW=False, CVT=0, K_INT8=False, V_INT8=False, K_UNIT=1.0, V_UNIT=1.0, KS_ROW=0, VS_ROW=0,
-               KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1, WORDS=0)
+               KS_HALVES=False, VS_HALVES=False, KS_NUM_PAD=1)
     k_groups = head_dim // k_group if codes[0] == 2 else 1
     ok = (fp16_path(path) and q.dtype in (torch.float16, torch.bfloat16)
           and k.dtype in _NARROW_DTYPES and v.dtype in _NARROW_DTYPES and codes[1] in (0, 1)
@@ -175,10 +149,7 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     if not ok:
         return off
     interpret = interpreting(q.device)
-    # "_vw": V as int32 words, "_kvw": K too (head_dim and K's scale groups in whole words)
-    words = {"_vw": 1, "_kvw": 2}.get(path[path.rfind("_"):], 0) if head_dim % 4 == 0 else 0
-    words = 1 if words == 2 and codes[0] == 2 and k_group % 4 else words
-    cvt = 0 if interpret else (2 if ("hwcvt" in path or path == "cuda_core") and converts_fp8(q.device) else 1)
+    cvt = 0 if interpret else (2 if converts_fp8(q.device) else 1)
     unit = {torch.int8: 1.0, torch.float8_e4m3fn: FP8_BITS_UNIT if cvt == 1 else 1.0}
     # 2-byte scales travel as int32 words (pairs of heads, or pairs of groups of one head)
     k_halves = (codes[0] != 0 and ks.element_size() == 2 and ks.stride(0) % 2 == 0
@@ -189,4 +160,4 @@ def narrow_constexprs(path: str, q: torch.Tensor, k, v, ks, vs, codes: tuple[int
     return dict(NARROW=True, CVT=cvt, K_INT8=k.dtype == torch.int8, V_INT8=v.dtype == torch.int8,
                 K_UNIT=unit[k.dtype], V_UNIT=unit[v.dtype], KS_ROW=ks_row, VS_ROW=vs_row,
                 KS_HALVES=k_halves, VS_HALVES=v_halves,
-                KS_NUM_PAD=triton.next_power_of_2(k_groups), WORDS=words)
+                KS_NUM_PAD=triton.next_power_of_2(k_groups))

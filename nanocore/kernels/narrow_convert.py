@@ -4,7 +4,6 @@ Every int8 and e4m3 value is exact in fp16, so each conversion below is exact.
 ``CVT`` 0 is plain ``.to(fp16)``: the interpreter, and the reference the bit tricks reproduce exactly.
 ``CVT`` 1 is a few integer instructions per four bytes (``prmt``, ``lop3``); fp8 comes out divided by ``FP8_BITS_UNIT``.
 ``CVT`` 2 is the e4m3x2 -> f16x2 instruction (sm_89+) for fp8; int8 takes the ``CVT`` 1 bit trick.
-``_words_to_f16`` converts int32 words of four bytes, so a tile read as words reaches shared memory as fp16.
 """
 from __future__ import annotations
 
@@ -41,12 +40,9 @@ def _fp8_ptx(lo: str, hi: str, src: str) -> str:
         lop3.b32 {hi}, w1, 0x80008000, t1, 0xEA;"""
 
 
-_SPLIT_WORDS = "mov.b32 {$0, $1}, lo; mov.b32 {$2, $3}, hi;"  # two fp16x2 -> four fp16 outputs
-# packed: 4 bytes in $2 -> two fp16x2 in $0 / $1 (``pack=4``); words: one int32 word in $4 -> four fp16 $0..$3
+# 4 bytes in $2 -> two fp16x2 in $0 / $1 (``pack=4``)
 INT8_PACKED_ASM = tl.constexpr("{ .reg .b32 u, c;" + _int8_ptx("$0", "$1", "$2") + " }")
 FP8_PACKED_ASM = tl.constexpr("{ .reg .b32 w0, w1, t0, t1;" + _fp8_ptx("$0", "$1", "$2") + " }")
-INT8_WORDS_ASM = tl.constexpr("{ .reg .b32 u, c, lo, hi;" + _int8_ptx("lo", "hi", "$4") + _SPLIT_WORDS + " }")
-FP8_WORDS_ASM = tl.constexpr("{ .reg .b32 w0, w1, t0, t1, lo, hi;" + _fp8_ptx("lo", "hi", "$4") + _SPLIT_WORDS + " }")
 
 
 @triton.jit
@@ -74,38 +70,3 @@ def narrow_to_f16(x, IS_INT8: tl.constexpr, CVT: tl.constexpr):
         y = x.to(tl.float16)
     return y
 
-
-@triton.jit
-def _words_to_f16(w, IS_INT8: tl.constexpr, CVT: tl.constexpr):
-    """int32 words of 4 one-byte values -> 4 fp16 tensors (bytes 0..3), same conversions as ``narrow_to_f16``."""
-    if CVT == 0 and IS_INT8:  # arithmetic shifts sign-extend each byte
-        b0 = ((w << 24) >> 24).to(tl.float16)
-        b1 = ((w << 16) >> 24).to(tl.float16)
-        b2 = ((w << 8) >> 24).to(tl.float16)
-        b3 = (w >> 24).to(tl.float16)
-    elif CVT == 0:
-        b0 = (w & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b1 = ((w >> 8) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b2 = ((w >> 16) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-        b3 = ((w >> 24) & 0xFF).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float16)
-    elif IS_INT8:
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(asm=INT8_WORDS_ASM, constraints="=h,=h,=h,=h,r", args=[w],
-                                                   dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-    elif CVT == 1:
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(asm=FP8_WORDS_ASM, constraints="=h,=h,=h,=h,r", args=[w],
-                                                   dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-    else:
-        b0, b1, b2, b3 = tl.inline_asm_elementwise(
-            asm="""
-            {
-            .reg .b16 a, b;
-            .reg .b32 lo, hi;
-            mov.b32 {a, b}, $4;
-            cvt.rn.f16x2.e4m3x2 lo, a;
-            cvt.rn.f16x2.e4m3x2 hi, b;
-            mov.b32 {$0, $1}, lo;
-            mov.b32 {$2, $3}, hi;
-            }
-            """,
-            constraints="=h,=h,=h,=h,r", args=[w], dtype=(tl.float16,) * 4, is_pure=True, pack=1)
-    return b0, b1, b2, b3

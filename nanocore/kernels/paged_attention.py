@@ -13,14 +13,12 @@ import torch
 import triton
 
 from nanocore.interfaces import KVCache, KVLayout
-from nanocore.kernels import attention_config
 from nanocore.kernels.attention_config import (  # noqa: F401  (re-exported for tests and benchmarks)
-    DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE, QUANT_PATHS, AttentionConfig, batch_choice,
-    default_config, default_quant_path, fp16_path)
+    DECODE_HEADS_FIRST, DEFAULT_QUANT_PATH, GROUP_K_DECODE_TILE, NARROW_DECODE_TILE, QUANT_PATHS, AttentionConfig,
+    batch_choice, default_config, fp16_path)
 from nanocore.kernels.device import sm_count
 from nanocore.kernels.kv_store import SCALE_CODES  # scale granularity -> constexpr code, one table for both kernels
 from nanocore.kernels.narrow_attention import narrow_constexprs
-from nanocore.kernels.narrow_decode import covers, narrow_decode
 from nanocore.kernels.paged_attention_kernel import paged_attention_kernel
 from nanocore.kernels.split_kv import merge_splits_kernel
 
@@ -49,13 +47,12 @@ def _layout_args(cache: KVCache | None, layout: KVLayout | None, k_new, v_new):
     return k, v, ks, vs, codes, groups, page
 
 
-def _quant_flags(path: str, codes: tuple[int, int], k_group: int) -> tuple[bool, bool]:
-    """(FOLD, K_SPLIT) constexprs for ``path``; both False when no scale is folded."""
+def _k_split(path: str, codes: tuple[int, int], k_group: int) -> bool:
+    """K_SPLIT constexpr of the "fold" path: a group-scaled K read as one slice per group (groups of 16+, a power
+    of two); narrower groups are dequantized before the dot."""
     if path not in QUANT_PATHS:
         raise ValueError(f"quant_path {path!r} is not one of {QUANT_PATHS}")
-    fold = path != "dequant" and 1 in codes
-    k_split = path == "fold" and codes[0] == 2 and k_group >= 16 and k_group & (k_group - 1) == 0
-    return fold, k_split
+    return codes[0] == 2 and k_group >= 16 and k_group & (k_group - 1) == 0
 
 
 def _fresh_kv(q: torch.Tensor, k_new, v_new, cache: KVCache | None, meta):
@@ -83,8 +80,7 @@ def _check_order(order: torch.Tensor, num_seqs: int, device: torch.device) -> No
 
 
 def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionConfig | None, meta) -> tuple:
-    """(choice, fp16-path constexprs, (FOLD, K_SPLIT), (block_q, q tiles, head_dim pad, splits pad), whether the
-    CUDA-core decode kernel runs it) of this batch.
+    """(choice, fp16-path constexprs, K_SPLIT, (block_q, q tiles, head_dim pad, splits pad)) of this batch.
     Every layer of a step shares it, so it is computed once per step (``meta.launch_choices``): a new input of the
     choice belongs in the key."""
     num_q_heads, head_dim = q.shape[1], q.shape[2]
@@ -97,17 +93,16 @@ def _launch_plan(q, k, v, ks, vs, codes, groups, fresh: bool, config: AttentionC
     if plan is None:
         choice = batch_choice(meta.max_query_len, meta.max_seq_len, meta.seq_lens.shape[0], meta.query_lens_cpu,
                               meta.seq_lens_cpu, *shape)
-        path = choice.config.quant_path or default_quant_path()  # one-byte decode-shaped tiles carry their own
+        path = choice.config.quant_path or DEFAULT_QUANT_PATH  # one-byte decode-shaped tiles carry their own
         # nothing read from the cache: no fp16 conversion path either (the kernel is the bf16 cache's)
         narrow = narrow_constexprs(path if choice.cached else "fold", q, k, v, ks, vs, codes, groups[0], head_dim)
-        flags = _quant_flags("fold" if fp16_path(path) else path, codes, groups[0])
+        k_split = _k_split(path, codes, groups[0])
         block_q = choice.config.block_m // group
         tiles = (block_q, -(-max(meta.max_query_len, 1) // block_q), triton.next_power_of_2(head_dim),
                  triton.next_power_of_2(choice.splits))
-        cuda_core = path == "cuda_core" and covers(narrow, head_dim, codes, groups[0], meta.max_query_len)
-        if tiles[1] == 1 and meta.decode_order is not None and not cuda_core:
+        if tiles[1] == 1 and meta.decode_order is not None:
             _check_order(meta.decode_order, meta.seq_lens.shape[0], q.device)  # once per step, not per layer
-        plan = meta.launch_choices[key] = (choice, narrow, flags, tiles, cuda_core)
+        plan = meta.launch_choices[key] = (choice, narrow, k_split, tiles)
     return plan
 
 
@@ -127,11 +122,9 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     num_seqs = meta.seq_lens.shape[0]
-    choice, narrow, (fold, k_split), (block_q, num_q_tiles, head_dim_pad, splits_pad), cuda_core = _launch_plan(
+    choice, narrow, k_split, (block_q, num_q_tiles, head_dim_pad, splits_pad) = _launch_plan(
         q, k, v, ks, vs, codes, groups, fresh, config, meta)
     cfg, splits = choice.config, choice.splits
-    v_arg = v.view(torch.int32) if narrow["WORDS"] else v  # strides below are then in words
-    k = k.view(torch.int32) if narrow["WORDS"] == 2 else k
     scale_strides = (ks.stride(0), ks.stride(1), vs.stride(0), vs.stride(1))
     ks = ks.reshape(-1).view(torch.int32) if narrow["KS_HALVES"] else ks
     vs = vs.reshape(-1).view(torch.int32) if narrow["VS_HALVES"] else vs
@@ -140,32 +133,27 @@ def paged_attention(q: torch.Tensor, k_new: torch.Tensor | None, v_new: torch.Te
     if splits > 1:
         ws_acc = torch.empty(num_tokens * num_q_heads * splits, head_dim_pad, dtype=torch.float32, device=q.device)
         ws_ml = torch.empty(num_tokens * num_q_heads * splits, 2, dtype=torch.float32, device=q.device)
-    default_order = attention_config.DECODE_HEADS_FIRST  # read per call: benchmarks flip it for A/B runs
-    heads_first = num_q_tiles == 1 and (default_order if cfg.heads_first is None else cfg.heads_first)
-    ordered = num_q_tiles == 1 and meta.decode_order is not None and not cuda_core  # checked by _launch_plan
+    heads_first = num_q_tiles == 1 and (DECODE_HEADS_FIRST if cfg.heads_first is None else cfg.heads_first)
+    ordered = num_q_tiles == 1 and meta.decode_order is not None  # checked by _launch_plan
     # an ordered grid puts the KV heads on axis 0 whatever cfg.heads_first says: all heads of the longest first
     heads_first = heads_first or ordered
-    if cuda_core:
-        narrow_decode(q, k, v_arg, ks, vs, meta, scale * LOG2E, narrow, codes, groups[0], page, cfg.block_n,
-                      cfg.num_warps, splits, ws_acc, ws_ml, out, heads_first)
-    else:
-        block_tables = meta.block_tables if cache is not None else meta.seq_lens
-        stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0
-        grid = (num_kv_heads, num_seqs, splits) if heads_first else (num_seqs * num_q_tiles, num_kv_heads, splits)
-        paged_attention_kernel[grid](
-            q, k, v_arg, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
-            meta.decode_order if ordered else meta.seq_lens,  # the order pointer: unread unless ORDERED
-            scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
-            num_q_tiles, splits, num_q_heads,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), v_arg.stride(0), v_arg.stride(1),
-            *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
-            stride_bt, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m,
-            BLOCK_Q=block_q, BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, FRESH=fresh,
-            CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
-            SPLIT=splits > 1,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", FOLD=fold, K_SPLIT=k_split, **narrow,
-            HEADS_FIRST=heads_first, ORDERED=ordered, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
+    block_tables = meta.block_tables if cache is not None else meta.seq_lens
+    stride_bt = block_tables.stride(0) if block_tables.dim() == 2 else 0
+    grid = (num_kv_heads, num_seqs, splits) if heads_first else (num_seqs * num_q_tiles, num_kv_heads, splits)
+    paged_attention_kernel[grid](
+        q, k, v, ks, vs, kn, vn, out, ws_acc, ws_ml, meta.query_start_loc, meta.seq_lens, block_tables,
+        meta.decode_order if ordered else meta.seq_lens,  # the order pointer: unread unless ORDERED
+        scale * LOG2E, 1.0 if narrow["NARROW"] else scale * LOG2E,  # fp16 path: q is pre-scaled
+        num_q_tiles, splits, num_q_heads,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        *scale_strides, kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1), out.stride(0), out.stride(1),
+        stride_bt, GROUP=group, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_M=cfg.block_m,
+        BLOCK_Q=block_q, BLOCK_N=cfg.block_n, PAGE_SIZE=page, PAGED=cache is not None, FRESH=fresh,
+        CACHED=choice.cached, K_SCALE=codes[0], V_SCALE=codes[1], K_GROUP=groups[0], V_GROUP=groups[1],
+        SPLIT=splits > 1,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32", K_SPLIT=k_split, **narrow,
+        HEADS_FIRST=heads_first, ORDERED=ordered, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
     if splits > 1:
         merge_splits_kernel[(num_tokens, num_q_heads)](
             ws_acc, ws_ml, out, splits, out.stride(0), out.stride(1),

@@ -4,8 +4,8 @@ One program handles ``BLOCK_Q`` query tokens of one sequence times the ``GROUP``
 one KV head (GQA rows are packed into the M dimension, so every K/V tile is loaded once per group).
 It walks the sequence's KV in ``BLOCK_N`` tiles through the block table, reading the codec's layout:
 narrow K/V tiles are converted to q's dtype and their scales applied to the score / probability columns
-(``quant_path`` "fold"), scaled in registers before the dots ("dequant"), or, for one-byte K and V, converted
-to fp16 with integer bit tricks and multiplied in fp16 ("fp16*", ``narrow_attention``). Causal alignment is
+(``quant_path`` "fold"; K scaled per group narrower than 16 is dequantized in registers before the dot), or, for
+one-byte K and V, converted to fp16 and multiplied in fp16 ("fp16_hwcvt", ``narrow_attention``). Causal alignment is
 lower-right: query ``i`` of a sequence with ``seq_len`` L and query length lq sits at position ``L - lq + i``.
 With ``FRESH`` a chunk of 2+ tokens reads its own positions ``[L - lq, L)`` from ``k_new``/``v_new`` (the
 step's K/V in the model dtype, no codec round trip) after the cached ones; a decode row reads its one new
@@ -29,17 +29,15 @@ from nanocore.kernels.split_kv import _NEG_INIT, split_range, write_rows
 def _load_kv_tile(base_ptr, scale_ptr, slot, kvh, d, stride_t, stride_h, s_stride_t, s_stride_h, kv_ok,
                   OUT_DTYPE: tl.constexpr, SCALE: tl.constexpr, GROUP_SIZE: tl.constexpr,
                   MASKED: tl.constexpr, D_MASKED: tl.constexpr, HEAD_DIM: tl.constexpr):
-    """Load a ``[BLOCK_N, HEAD_DIM_PAD]`` K or V tile at cache rows ``slot`` and dequantize it."""
+    """Load a ``[BLOCK_N, HEAD_DIM_PAD]`` K or V tile at cache rows ``slot``, dequantized per group of head_dim
+    (``SCALE`` 2) or only converted (per-(token, head) scales are folded by the caller)."""
     ptrs = base_ptr + slot[:, None] * stride_t + kvh * stride_h + d[None, :]
     if MASKED or D_MASKED:
         mask = kv_ok[:, None] & (d[None, :] < HEAD_DIM)
         x = tl.load(ptrs, mask=mask, other=0.0)
     else:
         x = tl.load(ptrs)
-    if SCALE == 1:  # one scale per (token, head)
-        sc = tl.load(scale_ptr + slot * s_stride_t + kvh * s_stride_h, mask=kv_ok, other=0.0)
-        x = (x.to(tl.float32) * sc.to(tl.float32)[:, None]).to(OUT_DTYPE)
-    elif SCALE == 2:  # one scale per group of head_dim
+    if SCALE == 2:  # one scale per group of head_dim
         sc_ptrs = scale_ptr + slot[:, None] * s_stride_t + kvh * s_stride_h + d[None, :] // GROUP_SIZE
         sc = tl.load(sc_ptrs, mask=kv_ok[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
         x = (x.to(tl.float32) * sc.to(tl.float32)).to(OUT_DTYPE)
@@ -68,15 +66,15 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, kv_base, kv_stop,
                  K_SCALE: tl.constexpr, V_SCALE: tl.constexpr,
                  K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, MASKED: tl.constexpr,
                  HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                 FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
+                 K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
                  K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
                  KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-                 KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                 KS_NUM_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """One online-softmax step (fp32 statistics) over KV positions ``kv_base + tile*BLOCK_N ...`` below ``kv_stop``.
 
     Not ``PAGED``: K/V rows are ``q_start + position - kv_base`` of ``k_ptr``/``v_ptr`` (this step's own K/V).
 
-    ``FOLD``: per-(token, head) scales are applied outside the dots (K's to the score columns, V's to
+    Per-(token, head) scales are applied outside the dots (K's to the score columns, V's to
     the probability columns), so the narrow tile is only converted. ``K_SPLIT``: a group-scaled K is
     read as ``HEAD_DIM / K_GROUP`` column slices, one dot each, scaled per score column and summed.
     ``NARROW``: one-byte K/V in fp16 (``narrow_attention``); ``q`` is then pre-scaled fp16.
@@ -94,7 +92,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, kv_base, kv_stop,
     if NARROW:
         s = narrow_scores(q, q_ptr, q_off, row_ok, scale_log2, slot, kvh, d, kv_ok, k_ptr, ks_ptr, stride_kt,
                           stride_kh, BLOCK_M, BLOCK_N, K_SCALE, K_GROUP, K_INT8, K_UNIT, KS_ROW, KS_HALVES,
-                          KS_NUM_PAD, MASKED, HEAD_DIM, D_MASKED, CVT, WORDS, HEAD_DIM_PAD)
+                          KS_NUM_PAD, MASKED, HEAD_DIM, D_MASKED, CVT, HEAD_DIM_PAD)
     elif K_SPLIT:  # S = sum_g (q[:, g] . K[:, g]^T) * ks[token, g]; the q slices are re-read (L1-resident)
         s = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
         e = tl.arange(0, K_GROUP)
@@ -105,7 +103,7 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, kv_base, kv_stop,
             ksg = _row_scale(ks_ptr + g, slot, kvh, ks_stride_t, ks_stride_h, kv_ok, MASKED)
             s += tl.dot(qg, tl.trans(kg), input_precision=DOT_PRECISION) * ksg[None, :]
         s = s * scale_log2
-    elif FOLD and K_SCALE == 1:
+    elif K_SCALE == 1:
         k = _load_raw(k_ptr, slot, kvh, d, stride_kt, stride_kh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
         ksc = _row_scale(ks_ptr, slot, kvh, ks_stride_t, ks_stride_h, kv_ok, MASKED) * scale_log2
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * ksc[None, :]
@@ -122,8 +120,8 @@ def _attend_tile(acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, kv_base, kv_stop,
     l_i = l_i * alpha + tl.sum(p, 1)
     if NARROW:
         pv = narrow_pv(p, slot, kvh, d, kv_ok, v_ptr, vs_ptr, stride_vt, stride_vh, V_SCALE, V_INT8, V_UNIT,
-                       VS_ROW, VS_HALVES, MASKED, HEAD_DIM, D_MASKED, CVT, WORDS, BLOCK_N, HEAD_DIM_PAD)
-    elif FOLD and V_SCALE == 1:  # acc += (P * vs[token]) . V
+                       VS_ROW, VS_HALVES, MASKED, HEAD_DIM, D_MASKED, CVT, HEAD_DIM_PAD)
+    elif V_SCALE == 1:  # acc += (P * vs[token]) . V
         v = _load_raw(v_ptr, slot, kvh, d, stride_vt, stride_vh, kv_ok, MASKED, D_MASKED, HEAD_DIM).to(q.dtype)
         vsc = _row_scale(vs_ptr, slot, kvh, vs_stride_t, vs_stride_h, kv_ok, MASKED)
         pv = tl.dot((p * vsc[None, :]).to(q.dtype), v, input_precision=DOT_PRECISION)
@@ -142,10 +140,10 @@ def _attend_tiles(acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, k
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, PAGE_SIZE: tl.constexpr, PAGED: tl.constexpr,
                   K_SCALE: tl.constexpr, V_SCALE: tl.constexpr, K_GROUP: tl.constexpr, V_GROUP: tl.constexpr,
                   HEAD_DIM: tl.constexpr, D_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
-                  FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
+                  K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
                   K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
                   KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-                  KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
+                  KS_NUM_PAD: tl.constexpr, HEAD_DIM_PAD: tl.constexpr):
     """Tiles ``[t_lo, t_hi)`` of one KV source; those below ``t_full`` every row sees whole (no masks)."""
     for tile in range(t_lo, t_full):
         acc, m_i, l_i = _attend_tile(
@@ -153,16 +151,16 @@ def _attend_tiles(acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, k
             k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, K_SCALE, V_SCALE, K_GROUP, V_GROUP, False, HEAD_DIM, D_MASKED,
-            DOT_PRECISION, FOLD, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
-            VS_HALVES, KS_NUM_PAD, WORDS, HEAD_DIM_PAD)
+            DOT_PRECISION, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
+            VS_HALVES, KS_NUM_PAD, HEAD_DIM_PAD)
     for tile in range(t_full, t_hi):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, q_ptr, q_off, row_ok, tile, kv_base, kv_stop, q_pos, seq, q_start, kvh, d,
             k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, K_SCALE, V_SCALE, K_GROUP, V_GROUP, True, HEAD_DIM, D_MASKED,
-            DOT_PRECISION, FOLD, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
-            VS_HALVES, KS_NUM_PAD, WORDS, HEAD_DIM_PAD)
+            DOT_PRECISION, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
+            VS_HALVES, KS_NUM_PAD, HEAD_DIM_PAD)
     return acc, m_i, l_i
 
 
@@ -186,10 +184,10 @@ def paged_attention_kernel(
     PAGED: tl.constexpr, FRESH: tl.constexpr, CACHED: tl.constexpr, K_SCALE: tl.constexpr,
     V_SCALE: tl.constexpr, K_GROUP: tl.constexpr, V_GROUP: tl.constexpr, SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    FOLD: tl.constexpr, K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
+    K_SPLIT: tl.constexpr, NARROW: tl.constexpr, CVT: tl.constexpr,
     K_INT8: tl.constexpr, V_INT8: tl.constexpr, K_UNIT: tl.constexpr, V_UNIT: tl.constexpr,
     KS_ROW: tl.constexpr, VS_ROW: tl.constexpr, KS_HALVES: tl.constexpr, VS_HALVES: tl.constexpr,
-    KS_NUM_PAD: tl.constexpr, WORDS: tl.constexpr, HEADS_FIRST: tl.constexpr, ORDERED: tl.constexpr,
+    KS_NUM_PAD: tl.constexpr, HEADS_FIRST: tl.constexpr, ORDERED: tl.constexpr,
 ):
     # HEADS_FIRST: the KV heads of one sequence are neighbouring programs, so the heads' rows of a cached token
     # (adjacent in the [slot, head, dim] cache) are read at about the same time
@@ -241,8 +239,8 @@ def paged_attention_kernel(
             k_ptr, v_ptr, ks_ptr, vs_ptr, block_tables_ptr, stride_bt, scale_log2,
             stride_kt, stride_kh, stride_vt, stride_vh, ks_stride_t, ks_stride_h, vs_stride_t, vs_stride_h,
             BLOCK_M, BLOCK_N, PAGE_SIZE, PAGED, K_SCALE, V_SCALE, K_GROUP, V_GROUP, HEAD_DIM, D_MASKED,
-            DOT_PRECISION, FOLD, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
-            VS_HALVES, KS_NUM_PAD, WORDS, HEAD_DIM_PAD)
+            DOT_PRECISION, K_SPLIT, NARROW, CVT, K_INT8, V_INT8, K_UNIT, V_UNIT, KS_ROW, VS_ROW, KS_HALVES,
+            VS_HALVES, KS_NUM_PAD, HEAD_DIM_PAD)
     if FRESH:  # the chunk's own K/V in the model dtype: no scales, rows q_start + (position - cache_end)
         lo, hi = tl.maximum(t_lo - cache_tiles, 0), tl.maximum(t_hi - cache_tiles, 0)
         full = _clamp((tl.minimum(kv_end, first_pos + 1) - cache_end) // BLOCK_N, lo, hi)
@@ -250,8 +248,8 @@ def paged_attention_kernel(
             acc, m_i, l_i, q, q_ptr, q_off, row_ok, q_pos, seq, q_start, kvh, d, lo, full, hi, cache_end, kv_end,
             kn_ptr, vn_ptr, kn_ptr, vn_ptr, block_tables_ptr, stride_bt, new_scale_log2,
             stride_knt, stride_knh, stride_vnt, stride_vnh, 0, 0, 0, 0,
-            BLOCK_M, BLOCK_N, 1, False, 0, 0, 1, 1, HEAD_DIM, D_MASKED, DOT_PRECISION, False, False, False, 0,
-            False, False, 1.0, 1.0, 0, 0, False, False, 1, 0, HEAD_DIM_PAD)
+            BLOCK_M, BLOCK_N, 1, False, 0, 0, 1, 1, HEAD_DIM, D_MASKED, DOT_PRECISION, False, False, 0,
+            False, False, 1.0, 1.0, 0, 0, False, False, 1, HEAD_DIM_PAD)
 
     out_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     write_rows(acc, m_i, l_i, q_rows, head, d, row_ok, out_mask, out_ptr, ws_acc_ptr, ws_ml_ptr, num_q_heads,

@@ -49,7 +49,7 @@ class AttentionMetadata:
     #: Piecewise CUDA graphs (engine/piecewise_graphs.py): called by each attention layer with its q/k/v
     #: ``[T, heads, head_dim]`` instead of storing and attending; returns the ``[T, heads * head_dim]`` output rows.
     segment_break: Callable[[Attention, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
-    #: [num_seqs] int32, set for pure decode steps (unless ``NANOCORE_ATTN_DECODE_ORDER=batch``): a grid of one
+    #: [num_seqs] int32, set for pure decode steps (unless ``attention_decode_order`` is "batch"): a grid of one
     #: query tile per sequence launches row ``decode_order[i]`` as its i-th (a permutation of the rows; None: in order).
     decode_order: torch.Tensor | None = None
     #: The attention kernels' launch plan (choice, path constexprs, flags, tiles) per layer shape and cache layout,

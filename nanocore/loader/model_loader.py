@@ -54,7 +54,7 @@ def load_model(config: EngineConfig, device: torch.device | str, parallel: Paral
             f"linear_method {entry.name!r} loads {entry.cls.quant_method or 'quantized'!r} checkpoints but {model_path} "
             f"is not quantized (its config.json has no quantization_config); make one with 'nanocore quantize "
             f"--method {entry.name} --model {model_path} --out DIR', or use linear_method='auto' for this checkpoint")
-    entry.cls(dict(options))  # surface option errors once, before building hundreds of layers
+    get_registry().instantiate(entry, options)  # surface option errors once, before building hundreds of layers
     moe_executor = resolve_moe_executor(config, hf_config, device)
     experts = ExpertFormats(quantization_config(hf_config), moe_executor, device)  # fp8 experts kept as fp8?
     build = ModelBuildContext(dtype=dtype, device=device, parallel=parallel,

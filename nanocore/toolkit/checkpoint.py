@@ -10,11 +10,9 @@ from typing import Any, Callable
 import torch
 
 from nanocore.interfaces import set_weight_attrs
+from nanocore.toolkit.checkpoint_formats import (  # noqa: F401  (the error and the ignore list are public here too)
+    IGNORE_KEYS, CheckpointFormatError, ignore_patterns, parse_quantization_config)
 from nanocore.toolkit.numerics import symmetric_scale
-
-
-class CheckpointFormatError(ValueError):
-    """A checkpoint's tensors do not match the linear method that is loading them."""
 
 
 # ---- parameters and the checks that make a wrong checkpoint a clear error -----------------------
@@ -117,16 +115,6 @@ def is_ignored(prefix: str, ignore: list[str]) -> bool:
     return False
 
 
-#: Keys under which the ecosystem's formats list layers left unquantized (compressed-tensors, fp8, AutoAWQ).
-IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert")
-
-
-def ignore_patterns(quantization_config: dict[str, Any] | None) -> list[str]:
-    """The checkpoint's list of unquantized layers (loaders build those with ``unquantized``)."""
-    config = quantization_config or {}
-    return [p for key in IGNORE_KEYS for p in (config.get(key) or [])]
-
-
 def config_option(options: dict[str, Any], key: str, default: Any) -> Any:
     """An option given directly, else from the checkpoint's ``quantization_config`` option, else ``default``."""
     if key in options:
@@ -185,8 +173,6 @@ def fp8_weight_blocks(options: dict[str, Any]) -> tuple[tuple[int, int], str] | 
     ``weight_scale_inv``, which despite its name multiplies too); None for per-channel / per-tensor scales."""
     config = options.get("quantization_config") or {}
     if config.get("quant_method") == "compressed-tensors":
-        from nanocore.toolkit.checkpoint_formats import parse_quantization_config  # imports this module
-
         weights = parse_quantization_config(config).uniform_group().scheme.weights
         if weights is not None and weights.strategy == "block":
             return tuple(weights.block_structure), "weight_scale"
@@ -197,8 +183,6 @@ def fp8_weight_blocks(options: dict[str, Any]) -> tuple[tuple[int, int], str] | 
 
 def _compressed_tensors_fp8_scheme(method: str, config: dict[str, Any], blocks: bool = False) -> str:
     """A float-quantized compressed-tensors checkpoint's activations: static (an input_scale per layer) or not."""
-    from nanocore.toolkit.checkpoint_formats import parse_quantization_config  # imports this module
-
     group = parse_quantization_config(config).uniform_group()
     weights, activations = group.scheme.weights, group.scheme.input_activations
     strategies = ("channel", "tensor", "block") if blocks else ("channel", "tensor")

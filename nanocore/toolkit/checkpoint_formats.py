@@ -13,7 +13,20 @@ from typing import Any
 import torch
 
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
-from nanocore.toolkit.checkpoint import CheckpointFormatError, ignore_patterns
+
+
+class CheckpointFormatError(ValueError):
+    """A checkpoint's tensors do not match the linear method that is loading them."""
+
+
+#: Keys under which the ecosystem's formats list layers left unquantized (compressed-tensors, fp8, AutoAWQ).
+IGNORE_KEYS = ("ignore", "ignored_layers", "modules_to_not_convert")
+
+
+def ignore_patterns(quantization_config: dict[str, Any] | None) -> list[str]:
+    """The checkpoint's list of unquantized layers (loaders build those with ``unquantized``)."""
+    config = quantization_config or {}
+    return [p for key in IGNORE_KEYS for p in (config.get(key) or [])]
 
 #: compressed-tensors formats whose tensors are ``weight`` (+ ``weight_scale``, ``weight_zero_point``) unpacked.
 UNPACKED_FORMATS = ("float-quantized", "int-quantized", "naive-quantized")
