@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nanocore.engine.workers import NVLS_OFF  # the engine's own: one definition
+from nanocore.runner.worker_process import NVLS_OFF  # the engine's own: one definition
 
 PROMPTS = [[(17 * i + 5) % 997 for i in range(n)] for n in (7, 64, 200)]
 #: fp32 on GPU differs only by reduction order; bf16 by rounding of partial sums
@@ -74,7 +74,7 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
 
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
-    from nanocore.engine.workers import backend_names
+    from nanocore.runner.worker_process import backend_names
 
     llm = LLM(str(model), device=args.device, dtype=dtype or args.dtype, tensor_parallel_size=tp,
               expert_parallel_size=ep, gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=0.25,

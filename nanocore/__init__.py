@@ -1,7 +1,6 @@
 """nanocore: a small, readable, fast LLM inference engine whose performance levers are plugins."""
 from nanocore.hookspecs import hookimpl
-
-__version__ = "1.4.0"
+from nanocore.version import __version__
 
 __all__ = ["hookimpl", "LLM", "SamplingParams", "EngineConfig", "__version__"]
 

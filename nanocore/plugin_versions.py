@@ -14,6 +14,7 @@ from packaging.utils import canonicalize_name
 from packaging.version import InvalidVersion, Version
 
 from nanocore.interfaces import API_VERSION
+from nanocore.version import __version__
 
 logger = logging.getLogger("nanocore")
 
@@ -60,8 +61,6 @@ def api_version_problem(declared: str) -> str | None:
 def compatibility_problem(kind: str, name: str, cls: type, plugin: str, distribution: str,
                           requires: list[str]) -> str | None:
     """The refusal message for a backend that is not written for this nanocore, else None (maybe warning)."""
-    from nanocore import __version__
-
     what = f"plugin {plugin!r} ({distribution}) {kind} {name!r}"
     declared = declared_api_version(cls)
     if declared is not None:

@@ -13,7 +13,7 @@ def test_host_overhead_runs_a_few_decode_steps(capsys):
 
 def test_cached_block_tables_match_a_fresh_build():
     from benchmarks.host_overhead import add_requests, build_llm
-    from nanocore.engine.model_runner import block_table_array
+    from nanocore.runner.model_runner import block_table_array
 
     llm = build_llm(8, 64, 8 * 4 + 4, 4)  # blocks cross the 16-token boundary during the steps
     engine, runner = llm.engine, llm.engine.runner

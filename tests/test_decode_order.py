@@ -85,8 +85,8 @@ def test_grids_of_several_q_tiles_ignore_the_order():
 
 
 def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
-    from nanocore.engine.warmup import batch_inputs
-    from nanocore.engine.warmup_plan import WarmupBatch
+    from nanocore.runner.warmup import batch_inputs
+    from nanocore.runner.warmup_plan import WarmupBatch
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
 
@@ -117,7 +117,7 @@ def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
 def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):
     """The static order buffer holds the step's order, then the padding rows in order (a permutation of the bucket,
     no entry left from a larger step); a step without an order is refused. Fake graphs: no CUDA needed."""
-    from nanocore.engine import cuda_graphs as cg
+    from nanocore.runner import cuda_graphs as cg
     from nanocore.layers.attention import AttentionMetadata
 
     monkeypatch.setattr(cg.DecodeGraphs, "_capture_all", lambda self, device: None)

@@ -83,7 +83,7 @@ def test_kv_pressure_preempts_like_sync():
 
 def test_lookahead_inputs_match_a_fresh_build():
     """Positions, slots and block tables of every look-ahead step equal a from-scratch computation."""
-    from nanocore.engine.model_runner import block_table_array
+    from nanocore.runner.model_runner import block_table_array
 
     llm = make_llm(True, eos_boost=0.0)
     runner, bs = llm.engine.runner, llm.engine.block_manager.block_size
@@ -147,7 +147,7 @@ def test_cuda_graph_async_equals_sync(tmp_path):
 def test_waiting_request_not_admitted_keeps_block_tables_exact():
     """A look-ahead's block is given back for a waiting request that then does not fit: the same sequences
     regrow with other blocks, and every prepared block table must be the real one (not a cached stale row)."""
-    from nanocore.engine.model_runner import block_table_array
+    from nanocore.runner.model_runner import block_table_array
 
     def greedy(n):
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)

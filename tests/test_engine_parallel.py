@@ -18,7 +18,7 @@ from model_fixtures import make_checkpoint  # noqa: E402
 from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
-from nanocore.engine.workers import WorkerError  # noqa: E402
+from nanocore.runner.worker_process import WorkerError  # noqa: E402
 from nanocore.plugins import get_registry  # noqa: E402
 
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 150, 249], [8, 1, 77], list(range(30, 60))]
@@ -135,7 +135,7 @@ def test_bad_parallel_configs_fail_before_starting_workers(qwen2):
 def test_sharding_problems_name_every_size_a_layout_must_divide():
     from types import SimpleNamespace
 
-    from nanocore.engine.worker_group import sharding_problems
+    from nanocore.runner.multiproc_executor import sharding_problems
 
     moe = SimpleNamespace(num_attention_heads=16, num_key_value_heads=4, num_experts=60, moe_intermediate_size=1408)
     assert sharding_problems(moe, 2, 1) == [] and sharding_problems(moe, 8, 1) == []  # 8 ranks replicate 4 KV heads

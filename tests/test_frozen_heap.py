@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=import
 from serve_fixtures import running_server, tiny_llm  # noqa: E402
 from nanocore.bench.interference import run_scenario  # noqa: E402
 from nanocore.bench.latency import one_request_timeline  # noqa: E402
-from nanocore.engine.heap import frozen_heap  # noqa: E402
+from nanocore.runner.heap import frozen_heap  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -114,7 +114,7 @@ def test_the_server_loop_steps_with_the_heap_frozen_until_it_stops():
 def test_a_tensor_parallel_worker_serves_rank_zero_with_the_heap_frozen():
     import pickle
 
-    from nanocore.engine.workers import Worker
+    from nanocore.runner.worker_process import Worker
 
     class Pipe:  # rank 0's pipe: one call, then gone
         def __init__(self):

@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from engine_fakes import CharTokenizer, fake_loaded_model, greedy_full_recompute
 from nanocore.engine.llm import LLM
-from nanocore.engine.model_runner import ModelRunner
+from nanocore.runner.model_runner import ModelRunner
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import PolicyError
 from nanocore.interfaces import ScheduleDecision, SchedulerPolicy

@@ -11,15 +11,15 @@ import torch
 from nanocore.config import EngineConfig
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.detokenizer import IncrementalDetokenizer, encode_prompt
-from nanocore.engine.host_transfer import upload
+from nanocore.runner.host_transfer import upload
 from nanocore.engine.lookahead import Lookahead, allocate_lookahead, lookahead_rows
-from nanocore.engine.model_runner import ModelRunner
+from nanocore.runner.model_runner import ModelRunner
 from nanocore.engine.outputs import EngineStats, Logprob, RequestOutput, logprob_dict, request_output
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence
 from nanocore.engine.stop_checks import check_finish
-from nanocore.plugins import get_registry
+from nanocore.plugins import build_backend
 
 logger = logging.getLogger("nanocore")
 
@@ -34,12 +34,6 @@ def resolve_device(name: str) -> torch.device:
         raise ValueError(f"device {name!r} does not exist: this machine has {torch.cuda.device_count()} CUDA "
                          f"device(s), cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
     return device
-
-
-def build_backend(kind: str, config: EngineConfig, device: torch.device, *context):
-    """The configured backend of ``kind`` (``auto`` resolved for ``device``), built by the registry."""
-    name, options = config.backend(kind)
-    return get_registry().build(kind, name, device, options, *context)
 
 
 @dataclass
@@ -94,7 +88,7 @@ class LLMEngine:
 
     def _load(self, config: EngineConfig):
         if config.tensor_parallel_size > 1 or config.expert_parallel_size > 1:
-            from nanocore.engine.worker_group import WorkerGroup
+            from nanocore.runner.multiproc_executor import WorkerGroup
             self.workers = WorkerGroup(config, self.device)  # spawns ranks 1..N-1; this process is rank 0
             return self.workers.load_model()
         from nanocore.distributed.parallel import ParallelContext

@@ -16,7 +16,7 @@ from collections import deque
 
 import torch
 
-from nanocore.engine.heap import frozen_heap
+from nanocore.runner.heap import frozen_heap
 from nanocore.engine.llm import LLM
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.serve.delivery import LoopSink, RequestStream, check_admission

@@ -4,8 +4,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from nanocore.engine.host_transfer import upload
-from nanocore.engine.sequence import Sequence
+from nanocore.runner.host_transfer import upload
 from nanocore.layers.sampler import SamplingTensors
 
 

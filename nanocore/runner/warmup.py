@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from nanocore.engine.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
+from nanocore.runner.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
 from nanocore.kernels.attention_config import longest_first
 from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import Attention, AttentionMetadata

@@ -24,10 +24,10 @@ import torch.distributed as dist
 
 from nanocore.config import EngineConfig
 from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed, parallel
-from nanocore.engine.heap import frozen_heap
-from nanocore.engine.llm_engine import build_backend
-from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
-from nanocore.engine.model_runner import ModelRunner
+from nanocore.runner.heap import frozen_heap
+from nanocore.plugins import build_backend
+from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
+from nanocore.runner.model_runner import ModelRunner
 
 #: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}

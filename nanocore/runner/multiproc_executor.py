@@ -1,6 +1,6 @@
 """Rank 0's side of tensor / expert parallelism: start the workers, ship each batch, surface failures, stop.
 
-``WorkerGroup`` spawns ranks 1..N-1 (``nanocore.engine.workers.worker_main``) and moves through the same
+``WorkerGroup`` spawns ranks 1..N-1 (``nanocore.runner.worker_process.worker_main``) and moves through the same
 stages they do (validated -> process group -> loaded -> KV blocks agreed -> ready), waiting on each
 with a liveness check and a timeout (``NANOCORE_DIST_TIMEOUT_S``, default 600), so a worker that dies
 is a ``WorkerError`` with its traceback, never a hang. ``ParallelModelRunner`` is what LLMEngine holds
@@ -21,10 +21,10 @@ import torch.multiprocessing as mp
 
 from nanocore.config import EngineConfig
 from nanocore.distributed import abandon_process_group, destroy_distributed
-from nanocore.engine import workers as worker_process
-from nanocore.engine.llm_engine import build_backend
-from nanocore.engine.model_runner import ModelRunner
-from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
+from nanocore.runner import worker_process
+from nanocore.plugins import build_backend
+from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.worker_process import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
                                      dist_timeout, join_process_group, rank_device, ship, trace, worker_main,
                                      world_size_of)
 

@@ -17,11 +17,10 @@ import numpy as np
 import torch
 
 from nanocore.config import EngineConfig
-from nanocore.engine.cuda_graphs import capture_graphs
-from nanocore.engine.host_transfer import HostCopy, upload
-from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
-from nanocore.engine.sampling_inputs import build_sampling_tensors
-from nanocore.engine.sequence import Sequence
+from nanocore.runner.cuda_graphs import capture_graphs
+from nanocore.runner.host_transfer import HostCopy, upload
+from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
+from nanocore.runner.sampling_inputs import build_sampling_tensors
 from nanocore.interfaces import KVCodec
 from nanocore.kernels.attention_config import decode_order_mode, longest_first
 from nanocore.layers.attention import AttentionMetadata
@@ -113,7 +112,7 @@ class ModelRunner:
         self._sampling_key: tuple[Sequence, ...] | None = None  # the batch that _sampling_cache was built for
         self._sampling_cache: tuple[SamplingTensors, list] | None = None
         if device.type == "cuda" and config.kernel_warmup:  # before graph capture: eager steps' kernels too
-            from nanocore.engine.warmup import ServingLimits, run_warmup
+            from nanocore.runner.warmup import ServingLimits, run_warmup
             run_warmup(self, ServingLimits(config.max_num_batched_tokens, config.max_num_seqs, max_model_len))
         self.decode_graphs, self.mixed_graphs = capture_graphs(config, model, self.kv_caches, codec, max_model_len,
                                                                device, dtype, self.decode_order)
