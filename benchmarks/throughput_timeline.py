@@ -55,13 +55,12 @@ class StepRecorder:
         self._last = None
 
         def noted_schedule():
-            batch = schedule()
+            plan = schedule()
             if self.armed:
-                self.steps.append({"rows": len(batch.seqs), "tokens": batch.total_tokens,
-                                   "max_tokens": max(batch.num_tokens, default=0),
-                                   "max_context": max((s.num_computed_tokens + n for s, n in
-                                                       zip(batch.seqs, batch.num_tokens)), default=0)})
-            return batch
+                self.steps.append({"rows": len(plan.rows), "tokens": plan.num_tokens,
+                                   "max_tokens": max((len(r.token_ids) for r in plan.rows), default=0),
+                                   "max_context": max((r.start + len(r.token_ids) for r in plan.rows), default=0)})
+            return plan
 
         def timed_step():
             out = step()

@@ -84,10 +84,10 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
         greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
         tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
         tokens_again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
-        workers = llm.engine.workers
-        blocks = [llm.engine.runner.num_blocks] + (workers.worker_num_blocks if workers else [])
+        executor = llm.engine.executor
+        blocks = [llm.engine.runner.num_blocks] + getattr(executor, "worker_num_blocks", [])
         ranks = [backend_names(llm.engine.loaded, llm.engine.runner.codec)]
-        ranks += workers.worker_backends if workers else []
+        ranks += getattr(executor, "worker_backends", [])
         return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks, "backends_per_rank": ranks,
                 "repeat_identical": tokens_again == tokens,  # the second pass reads the prefix cache, if any
                 "backends": {kind: llm.config.model_dump()[kind] for kind in backends},

@@ -94,13 +94,13 @@ def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
     llm = LLM("dummy:tiny-qwen2", device="cpu", max_model_len=128)
     runner = llm.engine.runner
     seen = []
-    prepare = runner._device_inputs
+    prepare = runner.inputs._device_inputs
 
     def noted(*args, **kwargs):
         pos, meta, extra = prepare(*args, **kwargs)
         seen.append((meta.max_query_len, meta.seq_lens_cpu, meta.decode_order))
         return pos, meta, extra
-    monkeypatch.setattr(runner, "_device_inputs", noted)
+    monkeypatch.setattr(runner.inputs, "_device_inputs", noted)
     llm.generate([[5] * 30, [6] * 3, [7] * 12], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
     decodes = [(lens, order) for q_len, lens, order in seen if q_len == 1]
     assert decodes and all(order is not None for _, order in decodes)

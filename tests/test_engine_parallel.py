@@ -60,19 +60,19 @@ def test_tp2_equals_tp1_then_a_dead_worker_is_a_clear_error(qwen2):
                                                                                              use_tqdm=False)]
     llm = LLM(str(qwen2), tensor_parallel_size=2, device="cpu", block_size=4, cpu_kv_cache_gib=0.002)
     try:
-        assert llm.engine.workers.worker_num_blocks == [llm.engine.runner.num_blocks]
+        assert llm.engine.executor.worker_num_blocks == [llm.engine.runner.num_blocks]
         assert run(llm)[0] == ref_tokens
         torch.testing.assert_close(llm.engine.prompt_logits(PROMPTS[0]), ref_logits, atol=1e-5, rtol=1e-5)
         lps = [o.outputs[0].cumulative_logprob for o in llm.generate(PROMPTS, with_logprobs, use_tqdm=False)]
         assert lps == pytest.approx(ref_lps, abs=1e-4)
-        os.kill(llm.engine.workers.procs[0].pid, signal.SIGKILL)
+        os.kill(llm.engine.executor.procs[0].pid, signal.SIGKILL)
         with pytest.raises(WorkerError, match="rank 1 failed while running a step.*killed by signal 9"):
             run(llm)
         with pytest.raises(WorkerError):  # and it stays an error, never a hang
             run(llm)
     finally:
         llm.close()
-    assert not any(p.is_alive() for p in llm.engine.workers.procs)
+    assert not any(p.is_alive() for p in llm.engine.executor.procs)
 
 
 def test_backends_chosen_by_name_load_in_workers(qwen2):
@@ -82,7 +82,7 @@ def test_backends_chosen_by_name_load_in_workers(qwen2):
     llm = LLM(str(qwen2), tensor_parallel_size=2, **SMALL, **config)
     try:
         assert type(llm.engine.runner.codec).__module__.startswith("nanocore_kv_quant")
-        assert llm.engine.workers.worker_backends == [{"linear_method": "unquantized", "kv_codec": "int8",
+        assert llm.engine.executor.worker_backends == [{"linear_method": "unquantized", "kv_codec": "int8",
                                                        "moe_executor": None}]
         assert run(llm)[0] == ref_tokens
         assert run(llm)[0] == ref_tokens  # second time through the prefix cache

@@ -86,7 +86,7 @@ def test_a_heap_the_process_froze_or_a_disabled_gc_is_left_alone():
 
 def test_generate_and_the_latency_bench_step_with_the_heap_frozen_and_the_engine_is_still_collected():
     llm = tiny_llm()
-    llm.engine.itself = llm.engine  # a reference cycle (session 16's tiers test made one): only the GC frees it
+    llm.engine.itself = llm.engine  # a reference cycle: only the GC frees it
     counts = record_freeze_counts(llm)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert counts and min(counts) > 0 and gc.get_freeze_count() == 0

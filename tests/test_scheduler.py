@@ -39,10 +39,10 @@ def test_chunked_prefill_positions_are_contiguous(monkeypatch):
     seen: dict[int, list[int]] = {}
     original = ModelRunner.prepare
 
-    def recording_prepare(self, seqs, num_tokens, all_logits=False):
-        inputs = original(self, seqs, num_tokens, all_logits)
+    def recording_prepare(self, plan, all_logits=False):
+        inputs = original(self, plan, all_logits)
         starts = inputs.meta.query_start_loc.tolist()
-        for i, s in enumerate(seqs):
+        for i, s in enumerate(plan.rows):
             seen.setdefault(s.seq_id, []).extend(inputs.positions[starts[i]:starts[i + 1]].tolist())
             slots = inputs.meta.slot_mapping[starts[i]:starts[i + 1]].tolist()
             pos = inputs.positions[starts[i]:starts[i + 1]].tolist()

@@ -1,0 +1,74 @@
+"""The step plan: what the scheduler asks every rank to compute in one step, as plain data.
+
+A plan holds ints, floats and lists of them, never engine objects, so every rank (another process, later another
+host) runs the same plan. ``StepOutput`` is rank 0's answer: the sampled token of each row that samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    """How one sequence samples, fixed for its lifetime."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    logprobs: int | None  # top-N logprobs per sampled token (None: none)
+    seed: int | None  # the sequence's own random stream (None: the runner's shared generator)
+    min_tokens: int
+    min_tokens_banned: tuple[int, ...]  # ids banned until ``min_tokens`` outputs: stop ids, EOS unless ignored
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """One sequence's work in a step: ``token_ids`` at positions ``start, start + 1, ...`` of sequence ``seq_id``."""
+
+    seq_id: int
+    start: int  # tokens of the sequence already computed (in the KV cache)
+    token_ids: list[int]
+    block_table: list[int]  # the sequence's whole table; it covers every position the row writes
+    samples: bool  # the row reaches the sequence's newest token, so the step samples its next one
+    num_output_tokens: int  # tokens generated so far (min_tokens bans)
+    sampling: RowSampling
+
+
+@dataclass
+class StepPlan:
+    """One step for every rank: the rows in batch order, and what changed since the previous plan."""
+
+    rows: list[ScheduledRow]
+    #: sequences that finished or were aborted since the previous plan: runners drop what they keep for them
+    finished_seq_ids: list[int] = field(default_factory=list)
+    #: sequences whose block table was freed or cut back since the previous plan: cached table rows are stale
+    reset_seq_ids: list[int] = field(default_factory=list)
+    #: rows of the previous ``AheadPlan`` this plan repeats, in order: their forward already ran (None: it does not)
+    ahead_rows: list[int] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.rows)
+
+
+@dataclass
+class AheadPlan:
+    """A decode step queued before the previous plan's samples reach the host: row ``i`` computes position
+    ``positions[i]`` of sequence ``seq_ids[i]``, fed the token sampled for row ``source_rows[i]`` of that plan's
+    output (None: every sampled row, in order)."""
+
+    seq_ids: list[int]
+    positions: list[int]
+    block_tables: list[list[int]]
+    source_rows: list[int] | None
+
+
+@dataclass
+class StepOutput:
+    """The sampled token of each row that sampled, in plan order."""
+
+    seq_ids: list[int]
+    token_ids: list[int]
+    #: per sampled row: (token ids, logprobs, rank of the sampled token); the first id is the sampled one
+    logprobs: list[tuple[list[int], list[float], int]] | None = None
