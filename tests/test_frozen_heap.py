@@ -1,4 +1,4 @@
-"""Generation loops run with the startup heap frozen out of the cyclic GC's full scans (nanocore/engine/heap.py)."""
+"""Generation loops run with the startup heap frozen out of the cyclic GC's full scans (nanocore/runner/heap.py)."""
 from __future__ import annotations
 
 import gc

@@ -1,4 +1,4 @@
-"""Piecewise CUDA graphs for steps with prefill chunks (nanocore/engine/piecewise_graphs.py): the token buckets,
+"""Piecewise CUDA graphs for steps with prefill chunks (nanocore/runner/piecewise_graphs.py): the token buckets,
 which steps may use them, the KV-sizing reserve, and, on CPU, the graphs' plumbing run eagerly (padding to the
 bucket, static q/k/v/output buffers, attention on the step's first T rows) against the plain engine."""
 from __future__ import annotations

@@ -25,7 +25,7 @@ from nanocore.runner import worker_process
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor
 from nanocore.runner.model_runner import ModelRunner
-from nanocore.runner.step_plan import ScheduledRow, StepOutput, StepPlan
+from nanocore.runner.step_plan import ScheduledRow, StepOutput, StepPlan, encode_plan
 from nanocore.runner.worker_process import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
                                      dist_timeout, join_process_group, rank_device, trace, worker_main,
                                      world_size_of)
@@ -132,12 +132,12 @@ class MultiprocExecutor(Executor):
     # ---- each step -----------------------------------------------------------------------------
     def launch(self, plan: StepPlan) -> "Done":
         """Every rank runs ``plan`` (the workers first: the collectives pair up); rank 0 samples."""
-        self.send("execute", plan)
+        self.send("execute", encode_plan(plan))
         with self.running_step():
             return Done(self.runner.execute(plan))
 
     def prompt_logits(self, row: ScheduledRow, kv_from_cache: bool = False) -> torch.Tensor:
-        self.send("prompt_logits", row, kv_from_cache)  # every rank attends the same way
+        self.send("prompt_logits", encode_plan(StepPlan([row])), kv_from_cache)  # every rank attends the same way
         with self.running_step():
             return self.runner.prompt_logits(row, kv_from_cache)
 

@@ -72,3 +72,25 @@ class StepOutput:
     token_ids: list[int]
     #: per sampled row: (token ids, logprobs, rank of the sampled token); the first id is the sampled one
     logprobs: list[tuple[list[int], list[float], int]] | None = None
+
+
+ROW_FIELDS = ("seq_id", "start", "token_ids", "block_table", "samples", "num_output_tokens")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed", "min_tokens", "min_tokens_banned")
+
+
+def encode_plan(plan: StepPlan) -> dict[str, list]:
+    """``plan`` as columns of ints, floats and lists of them (what travels to other ranks: data, never objects)."""
+    rows = plan.rows
+    columns = {name: [getattr(r, name) for r in rows] for name in ROW_FIELDS}
+    columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS[:-1]),
+                            list(r.sampling.min_tokens_banned)] for r in rows]
+    columns["finished_seq_ids"], columns["reset_seq_ids"] = plan.finished_seq_ids, plan.reset_seq_ids
+    columns["ahead_rows"] = plan.ahead_rows
+    return columns
+
+
+def decode_plan(columns: dict[str, list]) -> StepPlan:
+    """The ``StepPlan`` that ``encode_plan`` wrote."""
+    sampling = [RowSampling(*values[:-1], tuple(values[-1])) for values in columns["sampling"]]
+    rows = [ScheduledRow(*values, s) for *values, s in zip(*(columns[name] for name in ROW_FIELDS), sampling)]
+    return StepPlan(rows, columns["finished_seq_ids"], columns["reset_seq_ids"], columns["ahead_rows"])

@@ -2,8 +2,8 @@
 
 Nano-vLLM style. Each worker is a spawned process that loads plugins from entry points (the config
 travels as a dict of names and options, never classes), joins the process group, loads its model
-shard and builds its own ModelRunner and KV cache. Each step rank 0 sends the ``StepPlan`` (plain data)
-through a pipe; every rank runs the same plan, so the collectives inside the model pair up, and only
+shard and builds its own ModelRunner and KV cache. Each step rank 0 sends the ``StepPlan`` as columns of
+plain data (``encode_plan``) through a pipe; every rank runs the same plan, so the collectives inside the model pair up, and only
 rank 0 samples.
 """
 from __future__ import annotations
@@ -27,7 +27,7 @@ from nanocore.plugins import build_backend
 from nanocore.runner.heap import frozen_heap
 from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.runner.model_runner import ModelRunner
-from nanocore.runner.step_plan import ScheduledRow, StepPlan
+from nanocore.runner.step_plan import decode_plan
 
 #: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -195,8 +195,8 @@ class Worker:
                 return
             getattr(self, method)(*args)
 
-    def execute(self, plan: StepPlan) -> None:
-        self.runner.execute(plan)
+    def execute(self, plan: dict) -> None:
+        self.runner.execute(decode_plan(plan))
 
-    def prompt_logits(self, row: ScheduledRow, kv_from_cache: bool = False) -> None:
-        self.runner.prompt_logits(row, kv_from_cache)
+    def prompt_logits(self, plan: dict, kv_from_cache: bool = False) -> None:
+        self.runner.prompt_logits(decode_plan(plan).rows[0], kv_from_cache)
