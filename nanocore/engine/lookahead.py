@@ -90,6 +90,6 @@ def plan_lookahead(batch_seqs: list[Sequence], rows: list[int],
             assert ok, "lookahead_rows counted free blocks that allocate() could not take"
             grown.append((seq, before))
     positions = [s.num_tokens for s in seqs]
-    plan = AheadPlan([s.seq_id for s in seqs], positions, [list(s.block_table) for s in seqs],
+    plan = AheadPlan([s.seq_id for s in seqs], positions, [s.block_table for s in seqs],
                      None if seqs is batch_seqs else rows)
     return Lookahead(seqs, positions, grown), plan

@@ -185,7 +185,7 @@ class Scheduler:
         for seq, n in zip(batch.seqs, batch.num_tokens):
             start = seq.num_computed_tokens
             end = start + n
-            rows.append(ScheduledRow(seq.seq_id, start, seq.token_ids[start:end], list(seq.block_table),
+            rows.append(ScheduledRow(seq.seq_id, start, seq.token_ids[start:end], seq.block_table,
                                      end == seq.num_tokens, seq.num_tokens - seq.num_prompt_tokens, seq.sampling))
         plan = StepPlan(rows, self._finished_ids, self._reset_ids)
         self._finished_ids, self._reset_ids, self.batch = [], [], batch

@@ -11,7 +11,7 @@ import torch
 from nanocore.kernels.attention_config import longest_first
 from nanocore.layers.attention import AttentionMetadata
 from nanocore.runner.host_transfer import upload
-from nanocore.runner.step_plan import AheadPlan, ScheduledRow, StepPlan
+from nanocore.runner.step_plan import AheadPlan, StepPlan
 
 
 @dataclass
@@ -85,7 +85,7 @@ class InputBuilder:
             samples = np.fromiter((r.samples for r in rows), bool, num_seqs)
             sample_rows = np.flatnonzero(samples).tolist()
             logits_indices = cu_seqlens[1:][samples] - 1
-        tables = self._tables(rows, cached=not all_logits)
+        tables = self._tables(plan, cached=not all_logits)
         pos, meta, (ids, logits_rows) = self._device_inputs(
             tables, seq_index, positions, cu_seqlens, seq_lens, query_lens.tolist(), [input_ids, logits_indices],
             kv_caches, codec)
@@ -102,11 +102,11 @@ class InputBuilder:
         input_ids = token_ids if ahead.source_rows is None else token_ids.index_select(0, picked[0])
         return StepInputs(input_ids, pos, meta, None, list(range(n)))
 
-    def _tables(self, rows: list[ScheduledRow], cached: bool) -> np.ndarray:
-        tables = [r.block_table for r in rows]
+    def _tables(self, plan: StepPlan, cached: bool) -> np.ndarray:
+        tables = [r.block_table for r in plan.rows]
         if not cached:  # evaluation rows are not sequences of the engine: never keep them
             return block_table_array(tables)
-        return self.tables.build(tuple(r.seq_id for r in rows), tables)
+        return self.tables.build(plan.seq_ids(), tables)
 
     def _device_inputs(self, block_tables: np.ndarray, seq_index: np.ndarray, positions: np.ndarray,
                        cu_seqlens: np.ndarray, seq_lens: np.ndarray, query_lens_cpu: list[int],

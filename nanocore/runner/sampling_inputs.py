@@ -8,7 +8,7 @@ import torch
 
 from nanocore.layers.sampler import SamplingTensors
 from nanocore.runner.host_transfer import upload
-from nanocore.runner.step_plan import ScheduledRow
+from nanocore.runner.step_plan import ScheduledRow, seq_id_of
 
 
 class SamplingInputs:
@@ -30,7 +30,7 @@ class SamplingInputs:
             self.generators.pop(seq_id, None)
 
     def tensors(self, rows: list[ScheduledRow]) -> SamplingTensors:
-        key = tuple(r.seq_id for r in rows)
+        key = tuple(map(seq_id_of, rows))
         if key != self._key:
             self._key = key
             self._base = self._build(rows)

@@ -6,6 +6,7 @@ host) runs the same plan. ``StepOutput`` is rank 0's answer: the sampled token o
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,10 +30,15 @@ class ScheduledRow:
     seq_id: int
     start: int  # tokens of the sequence already computed (in the KV cache)
     token_ids: list[int]
-    block_table: list[int]  # the sequence's whole table; it covers every position the row writes
+    #: the sequence's whole table, covering every position the row writes; read it while the step is planned and run
+    #: (the scheduler shares its list rather than copy it every step, and may grow it for later steps)
+    block_table: list[int]
     samples: bool  # the row reaches the sequence's newest token, so the step samples its next one
     num_output_tokens: int  # tokens generated so far (min_tokens bans)
     sampling: RowSampling
+
+
+seq_id_of = attrgetter("seq_id")
 
 
 @dataclass
@@ -50,6 +56,10 @@ class StepPlan:
     @property
     def num_tokens(self) -> int:
         return sum(len(r.token_ids) for r in self.rows)
+
+    def seq_ids(self) -> tuple[int, ...]:
+        """The rows' sequences in order: what the runner's caches key on."""
+        return tuple(map(seq_id_of, self.rows))
 
 
 @dataclass
