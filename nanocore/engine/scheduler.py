@@ -75,10 +75,9 @@ class Scheduler:
     # ---- one step ------------------------------------------------------------------------
     def schedule(self) -> StepPlan:
         """Decide, validate, allocate and plan one step. Preempts (and asks the policy again) when KV runs out."""
-        lookahead, self.lookahead = self.lookahead, None
-        if lookahead is not None and self.waiting:  # admissions see the synchronous engine's free blocks
-            self._reset_ids += lookahead.undo_blocks(self.block_manager)
-            lookahead = self.discard_lookahead(lookahead)
+        if self.lookahead is not None and self.waiting:  # admissions see the synchronous engine's free blocks
+            self._reset_ids += self.lookahead.undo_blocks(self.block_manager)
+            self.discard_lookahead()
         hide_waiting = False  # set when admissions did not fit: ask the policy for running work only
         while True:
             budget = StepBudget(self.max_num_batched_tokens, self.max_num_seqs,
@@ -89,7 +88,7 @@ class Scheduler:
             preempted_before = self.num_preemptions
             batch, admission_failed = self._apply(decision)
             if batch.seqs:
-                return self._plan(batch, lookahead)
+                return self._plan(batch)
             if self.num_preemptions > preempted_before:
                 continue
             if admission_failed and self.running and not hide_waiting:
@@ -179,7 +178,7 @@ class Scheduler:
         self.num_preemptions += 1
         return victim
 
-    def _plan(self, batch: ScheduledBatch, lookahead: Lookahead | None) -> StepPlan:
+    def _plan(self, batch: ScheduledBatch) -> StepPlan:
         """The runner's view of ``batch``: one row per sequence, plus what changed since the previous plan."""
         rows = []
         for seq, n in zip(batch.seqs, batch.num_tokens):
@@ -189,12 +188,13 @@ class Scheduler:
                                      end == seq.num_tokens, seq.num_tokens - seq.num_prompt_tokens, seq.sampling))
         plan = StepPlan(rows, self._finished_ids, self._reset_ids)
         self._finished_ids, self._reset_ids, self.batch = [], [], batch
-        if lookahead is not None:
-            plan.ahead_rows = lookahead.rows_for(batch.seqs, batch.total_tokens)
+        if self.lookahead is not None:  # the planned step's forward ran: usable if this is exactly its batch
+            plan.ahead_rows = self.lookahead.rows_for(batch.seqs, batch.total_tokens)
             if plan.ahead_rows is None:
-                self.discard_lookahead(lookahead)
+                self.discard_lookahead()
             else:
                 self.num_overlapped_steps += 1
+                self.lookahead = None
         return plan
 
     # ---- planning a step ahead -----------------------------------------------------------
@@ -215,11 +215,11 @@ class Scheduler:
             self._reset_ids += self.lookahead.undo_blocks(self.block_manager)
             self.lookahead = None
 
-    def discard_lookahead(self, lookahead: Lookahead | None = None) -> None:
-        """Count a look-ahead thrown away (another batch ran, or every row ended); returns None."""
-        if lookahead is not None or self.lookahead is not None:
+    def discard_lookahead(self) -> None:
+        """Throw the planned step away (another batch runs, or every row ended), counting it."""
+        if self.lookahead is not None:
             self.num_discarded_lookaheads += 1
-        self.lookahead = None
+            self.lookahead = None
 
     # ---- after the step ------------------------------------------------------------------
     def update(self, plan: StepPlan, output: StepOutput, stop_of: StopCheck) -> list[Sequence]:
