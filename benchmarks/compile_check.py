@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     recorder = CompileRecorder().install()
-    import nanocore.engine.warmup as warmup
+    import nanocore.runner.warmup as warmup
     from nanocore import LLM
     timed = {}
     run_warmup = warmup.run_warmup

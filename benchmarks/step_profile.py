@@ -75,7 +75,7 @@ def profile_decode(llm, batch_size: int, context_len: int, steps: int) -> dict:
     sync = torch.cuda.synchronize if runner.device.type == "cuda" else (lambda: None)
     async_before, engine.async_scheduling = engine.async_scheduling, False  # timers serialise anyway
     totals: dict[str, float] = defaultdict(float)
-    patches = [(engine.scheduler, "schedule"), (runner, "prepare"), (runner, "sampling_tensors"),
+    patches = [(engine.scheduler, "schedule"), (runner, "prepare"), (runner.sampling, "tensors"),
                (runner.sampler, "forward"), (runner.model, "compute_logits")]
     if runner.decode_graphs is not None:
         patches.append((runner.decode_graphs, "run"))

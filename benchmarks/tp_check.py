@@ -30,7 +30,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nanocore.engine.workers import NVLS_OFF  # the engine's own: one definition
+from nanocore.runner.worker_process import NVLS_OFF  # the engine's own: one definition
 
 PROMPTS = [[(17 * i + 5) % 997 for i in range(n)] for n in (7, 64, 200)]
 #: fp32 on GPU differs only by reduction order; bf16 by rounding of partial sums
@@ -74,7 +74,7 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
 
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
-    from nanocore.engine.workers import backend_names
+    from nanocore.runner.worker_process import backend_names
 
     llm = LLM(str(model), device=args.device, dtype=dtype or args.dtype, tensor_parallel_size=tp,
               expert_parallel_size=ep, gpu_memory_utilization=args.gpu_memory_utilization, cpu_kv_cache_gib=0.25,
@@ -84,10 +84,10 @@ def measure(model: Path, tp: int, ep: int, args, dtype: str | None = None, **bac
         greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
         tokens = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
         tokens_again = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, greedy, use_tqdm=False)]
-        workers = llm.engine.workers
-        blocks = [llm.engine.runner.num_blocks] + (workers.worker_num_blocks if workers else [])
+        executor = llm.engine.executor
+        blocks = [llm.engine.runner.num_blocks] + getattr(executor, "worker_num_blocks", [])
         ranks = [backend_names(llm.engine.loaded, llm.engine.runner.codec)]
-        ranks += workers.worker_backends if workers else []
+        ranks += getattr(executor, "worker_backends", [])
         return {"logits": logits, "tokens": tokens, "kv_blocks_per_rank": blocks, "backends_per_rank": ranks,
                 "repeat_identical": tokens_again == tokens,  # the second pass reads the prefix cache, if any
                 "backends": {kind: llm.config.model_dump()[kind] for kind in backends},

@@ -15,6 +15,7 @@ from packaging.version import InvalidVersion, Version
 
 from nanocore._version import __version__
 from nanocore.interfaces import API_VERSION
+from nanocore._version import __version__
 
 logger = logging.getLogger("nanocore")
 

@@ -237,6 +237,13 @@ def get_registry() -> Registry:
         return _registry
 
 
+def build_backend(kind: str, config, device: torch.device | str, *context):
+    """The backend of ``kind`` that ``config`` (an ``EngineConfig``) names, with its options, built by the registry
+    (``auto`` resolved for ``device``); ``context`` as ``Registry.build`` takes it."""
+    name, options = config.backend(kind)
+    return get_registry().build(kind, name, device, options, *context)
+
+
 def reload_registry() -> Registry:
     """Forget the loaded registry and load again (after installing plugins, or in tests)."""
     global _registry

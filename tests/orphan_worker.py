@@ -12,7 +12,7 @@ from pathlib import Path
 
 
 def child(pid_file: str, parent_pid: int) -> None:
-    from nanocore.engine.workers import exit_when_orphaned
+    from nanocore.runner.worker_process import exit_when_orphaned
 
     exit_when_orphaned(parent_pid, poll_s=0.05)
     tmp = Path(pid_file + ".tmp")

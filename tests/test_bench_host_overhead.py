@@ -13,7 +13,7 @@ def test_host_overhead_runs_a_few_decode_steps(capsys):
 
 def test_cached_block_tables_match_a_fresh_build():
     from benchmarks.host_overhead import add_requests, build_llm
-    from nanocore.engine.model_runner import block_table_array
+    from nanocore.runner.inputs import block_table_array
 
     llm = build_llm(8, 64, 8 * 4 + 4, 4)  # blocks cross the 16-token boundary during the steps
     engine, runner = llm.engine, llm.engine.runner
@@ -21,11 +21,11 @@ def test_cached_block_tables_match_a_fresh_build():
     prepare = runner.prepare
     checked = []
 
-    def checking_prepare(seqs, num_tokens, all_logits=False):
-        inputs = prepare(seqs, num_tokens, all_logits)
-        expected = block_table_array([s.block_table for s in seqs])
+    def checking_prepare(plan, all_logits=False):
+        inputs = prepare(plan, all_logits)
+        expected = block_table_array([s.block_table for s in engine.scheduler.batch.seqs])
         assert (inputs.meta.block_tables.numpy() == expected).all()
-        checked.append(len(seqs))
+        checked.append(len(plan.rows))
         return inputs
 
     runner.prepare = checking_prepare

@@ -11,7 +11,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=import
 from test_cli_engine import run_cli  # noqa: E402
 
 from nanocore.bench.memory_floor import decode_bytes  # noqa: E402
-from nanocore.engine.cuda_graphs import decode_buckets  # noqa: E402
+from nanocore.runner.cuda_graphs import decode_buckets  # noqa: E402
 
 
 @pytest.mark.parametrize("max_num_seqs", [1, 3, 8, 17, 256])
@@ -57,7 +57,7 @@ def test_an_eager_moe_executor_blocks_cuda_graphs():
     import torch
 
     from nanocore.builtin.eager_moe import EagerMoEExecutor
-    from nanocore.engine.cuda_graphs import graph_blocker
+    from nanocore.runner.cuda_graphs import graph_blocker
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert graph_blocker(model) is None
@@ -69,7 +69,7 @@ def test_expert_parallel_dispatch_blocks_cuda_graphs():
     """EP's all-to-all sizes its messages on the host: the model says so (no config flag is flipped)."""
     import torch
 
-    from nanocore.engine.cuda_graphs import graph_blocker
+    from nanocore.runner.cuda_graphs import graph_blocker
     from nanocore.layers.moe import AllToAllPrepareFinalize, LocalPrepareFinalize
 
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))

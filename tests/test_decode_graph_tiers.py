@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nanocore.engine import cuda_graphs as cg
-from nanocore.engine.warmup_plan import AttentionShape, WarmupBatch, choice_of
+from nanocore.runner import cuda_graphs as cg
+from nanocore.runner.warmup_plan import AttentionShape, WarmupBatch, choice_of
 
 QWEN3_06B = {"bf16": AttentionShape(2, 8, 128, 2, False), "one_byte": AttentionShape(2, 8, 128, 1, False)}
 H200_SMS = 132

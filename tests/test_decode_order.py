@@ -93,21 +93,21 @@ def test_grids_of_several_q_tiles_ignore_the_order():
 
 
 def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
-    from nanocore.engine.warmup import batch_inputs
-    from nanocore.engine.warmup_plan import WarmupBatch
+    from nanocore.runner.warmup import batch_inputs
+    from nanocore.runner.warmup_plan import WarmupBatch
     from nanocore.engine.llm import LLM
     from nanocore.engine.sampling_params import SamplingParams
 
     llm = LLM("dummy:tiny-qwen2", device="cpu", max_model_len=128, attention_decode_order="longest_first")
     runner = llm.engine.runner
     seen = []
-    prepare = runner._device_inputs
+    prepare = runner.inputs._device_inputs
 
     def noted(*args, **kwargs):
         pos, meta, extra = prepare(*args, **kwargs)
         seen.append((meta.max_query_len, meta.seq_lens_cpu, meta.decode_order))
         return pos, meta, extra
-    monkeypatch.setattr(runner, "_device_inputs", noted)
+    monkeypatch.setattr(runner.inputs, "_device_inputs", noted)
     llm.generate([[5] * 30, [6] * 3, [7] * 12], SamplingParams(max_tokens=3, temperature=0), use_tqdm=False)
     decodes = [(lens, order) for q_len, lens, order in seen if q_len == 1]
     assert decodes and all(order is not None for _, order in decodes)
@@ -124,7 +124,7 @@ def test_runner_and_warmup_give_decode_steps_an_order(monkeypatch):
 def test_decode_graphs_pass_the_order_with_padding_rows_after_it(monkeypatch):
     """The static order buffer holds the step's order, then the padding rows in order (a permutation of the bucket,
     no entry left from a larger step); a step without an order is refused. Fake graphs: no CUDA needed."""
-    from nanocore.engine import cuda_graphs as cg
+    from nanocore.runner import cuda_graphs as cg
     from nanocore.layers.attention import AttentionMetadata
 
     monkeypatch.setattr(cg.DecodeGraphs, "_capture_all", lambda self, device: None)

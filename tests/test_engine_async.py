@@ -66,12 +66,12 @@ def test_a_lookahead_dropped_by_aborting_every_row_is_counted():
     engine = llm.engine
     for prompt in prompts(3, 5):
         engine.add_request(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
-    while engine._lookahead is None:
+    while engine.scheduler.lookahead is None:
         engine.step()
     before = llm.stats().num_discarded_lookaheads
     for request_id in list(engine.requests):
         engine.abort_request(request_id)
-    assert engine.step() == [] and engine._lookahead is None
+    assert engine.step() == [] and engine.scheduler.lookahead is None
     assert llm.stats().num_discarded_lookaheads == before + 1
 
 
@@ -83,14 +83,15 @@ def test_kv_pressure_preempts_like_sync():
 
 def test_lookahead_inputs_match_a_fresh_build():
     """Positions, slots and block tables of every look-ahead step equal a from-scratch computation."""
-    from nanocore.engine.model_runner import block_table_array
+    from nanocore.runner.inputs import block_table_array
 
     llm = make_llm(True, eos_boost=0.0)
     runner, bs = llm.engine.runner, llm.engine.block_manager.block_size
-    prepare_decode, checked = runner.prepare_decode, []
+    prepare_ahead, checked = runner.prepare_ahead, []
 
-    def checking(seqs, token_ids, rows):
-        inputs = prepare_decode(seqs, token_ids, rows)
+    def checking(ahead, token_ids):
+        inputs = prepare_ahead(ahead, token_ids)
+        seqs = [next(s for s in llm.engine.scheduler.running if s.seq_id == i) for i in ahead.seq_ids]
         tables = block_table_array([s.block_table for s in seqs])
         positions = [s.num_tokens for s in seqs]
         slots = [tables[i, p // bs] * bs + p % bs for i, p in enumerate(positions)]
@@ -100,7 +101,7 @@ def test_lookahead_inputs_match_a_fresh_build():
         checked.append(len(seqs))
         return inputs
 
-    runner.prepare_decode = checking
+    runner.prepare_ahead = checking
     llm.generate(prompts(6, 7), [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True)
                                  for m in (3, 9, 14, 20, 21, 25)], use_tqdm=False)
     assert len(checked) > 15 and len(set(checked)) > 3  # shrinking batches: look-aheads over row subsets
@@ -147,7 +148,7 @@ def test_cuda_graph_async_equals_sync(tmp_path):
 def test_waiting_request_not_admitted_keeps_block_tables_exact():
     """A look-ahead's block is given back for a waiting request that then does not fit: the same sequences
     regrow with other blocks, and every prepared block table must be the real one (not a cached stale row)."""
-    from nanocore.engine.model_runner import block_table_array
+    from nanocore.runner.inputs import block_table_array
 
     def greedy(n):
         return SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)
@@ -159,8 +160,9 @@ def test_waiting_request_not_admitted_keeps_block_tables_exact():
         runner, stale = llm.engine.runner, []
         prepare = runner.prepare
 
-        def checking(seqs, num_tokens, all_logits=False, prepare=prepare, stale=stale):
-            inputs = prepare(seqs, num_tokens, all_logits)
+        def checking(plan, all_logits=False, prepare=prepare, stale=stale, llm=llm):
+            inputs = prepare(plan, all_logits)
+            seqs = llm.engine.scheduler.batch.seqs
             tables = block_table_array([s.block_table for s in seqs])
             got = inputs.meta.block_tables.numpy()
             stale += [s.seq_id for i, s in enumerate(seqs) if (got[i, :s.num_blocks] != tables[i, :s.num_blocks]).any()]

@@ -100,7 +100,7 @@ def test_a_failing_lookahead_launch_falls_back_to_synchronous_steps():
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated launch failure")
-    llm.engine.runner.launch_decode = broken
+    llm.engine.runner.launch_ahead = broken
     got = drive(llm, {0: [([5, 6, 7, 8], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))]})
     assert got == expected and llm.engine.async_scheduling is False
     bm = llm.engine.block_manager

@@ -18,7 +18,7 @@ from model_fixtures import make_checkpoint  # noqa: E402
 from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
-from nanocore.engine.workers import WorkerError  # noqa: E402
+from nanocore.runner.worker_process import WorkerError  # noqa: E402
 from nanocore.plugins import get_registry  # noqa: E402
 
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 150, 249], [8, 1, 77], list(range(30, 60))]
@@ -60,19 +60,19 @@ def test_tp2_equals_tp1_then_a_dead_worker_is_a_clear_error(qwen2):
                                                                                              use_tqdm=False)]
     llm = LLM(str(qwen2), tensor_parallel_size=2, device="cpu", block_size=4, cpu_kv_cache_gib=0.002)
     try:
-        assert llm.engine.workers.worker_num_blocks == [llm.engine.runner.num_blocks]
+        assert llm.engine.executor.worker_num_blocks == [llm.engine.runner.num_blocks]
         assert run(llm)[0] == ref_tokens
         torch.testing.assert_close(llm.engine.prompt_logits(PROMPTS[0]), ref_logits, atol=1e-5, rtol=1e-5)
         lps = [o.outputs[0].cumulative_logprob for o in llm.generate(PROMPTS, with_logprobs, use_tqdm=False)]
         assert lps == pytest.approx(ref_lps, abs=1e-4)
-        os.kill(llm.engine.workers.procs[0].pid, signal.SIGKILL)
+        os.kill(llm.engine.executor.procs[0].pid, signal.SIGKILL)
         with pytest.raises(WorkerError, match="rank 1 failed while running a step.*killed by signal 9"):
             run(llm)
         with pytest.raises(WorkerError):  # and it stays an error, never a hang
             run(llm)
     finally:
         llm.close()
-    assert not any(p.is_alive() for p in llm.engine.workers.procs)
+    assert not any(p.is_alive() for p in llm.engine.executor.procs)
 
 
 def test_backends_chosen_by_name_load_in_workers(qwen2):
@@ -82,7 +82,7 @@ def test_backends_chosen_by_name_load_in_workers(qwen2):
     llm = LLM(str(qwen2), tensor_parallel_size=2, **SMALL, **config)
     try:
         assert type(llm.engine.runner.codec).__module__.startswith("nanocore_kv_quant")
-        assert llm.engine.workers.worker_backends == [{"linear_method": "unquantized", "kv_codec": "int8",
+        assert llm.engine.executor.worker_backends == [{"linear_method": "unquantized", "kv_codec": "int8",
                                                        "moe_executor": None}]
         assert run(llm)[0] == ref_tokens
         assert run(llm)[0] == ref_tokens  # second time through the prefix cache
@@ -135,7 +135,7 @@ def test_bad_parallel_configs_fail_before_starting_workers(qwen2):
 def test_sharding_problems_name_every_size_a_layout_must_divide():
     from types import SimpleNamespace
 
-    from nanocore.engine.worker_group import sharding_problems
+    from nanocore.runner.multiproc_executor import sharding_problems
 
     moe = SimpleNamespace(num_attention_heads=16, num_key_value_heads=4, num_experts=60, moe_intermediate_size=1408)
     assert sharding_problems(moe, 2, 1) == [] and sharding_problems(moe, 8, 1) == []  # 8 ranks replicate 4 KV heads

@@ -1,4 +1,4 @@
-"""Generation loops run with the startup heap frozen out of the cyclic GC's full scans (nanocore/engine/heap.py)."""
+"""Generation loops run with the startup heap frozen out of the cyclic GC's full scans (nanocore/runner/heap.py)."""
 from __future__ import annotations
 
 import gc
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=import
 from serve_fixtures import running_server, tiny_llm  # noqa: E402
 from nanocore.bench.interference import run_scenario  # noqa: E402
 from nanocore.bench.latency import one_request_timeline  # noqa: E402
-from nanocore.engine.heap import frozen_heap  # noqa: E402
+from nanocore.runner.heap import frozen_heap  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 
 
@@ -86,7 +86,7 @@ def test_a_heap_the_process_froze_or_a_disabled_gc_is_left_alone():
 
 def test_generate_and_the_latency_bench_step_with_the_heap_frozen_and_the_engine_is_still_collected():
     llm = tiny_llm()
-    llm.engine.itself = llm.engine  # a reference cycle (session 16's tiers test made one): only the GC frees it
+    llm.engine.itself = llm.engine  # a reference cycle: only the GC frees it
     counts = record_freeze_counts(llm)
     llm.generate([[1, 2, 3]], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
     assert counts and min(counts) > 0 and gc.get_freeze_count() == 0
@@ -114,7 +114,7 @@ def test_the_server_loop_steps_with_the_heap_frozen_until_it_stops():
 def test_a_tensor_parallel_worker_serves_rank_zero_with_the_heap_frozen():
     import pickle
 
-    from nanocore.engine.workers import Worker
+    from nanocore.runner.worker_process import Worker
 
     class Pipe:  # rank 0's pipe: one call, then gone
         def __init__(self):

@@ -1,4 +1,4 @@
-"""Piecewise CUDA graphs for steps with prefill chunks (nanocore/engine/piecewise_graphs.py): the token buckets,
+"""Piecewise CUDA graphs for steps with prefill chunks (nanocore/runner/piecewise_graphs.py): the token buckets,
 which steps may use them, the KV-sizing reserve, and, on CPU, the graphs' plumbing run eagerly (padding to the
 bucket, static q/k/v/output buffers, attention on the step's first T rows) against the plain engine."""
 from __future__ import annotations
@@ -13,8 +13,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=import
 from model_fixtures import make_checkpoint  # noqa: E402
 from nanocore import LLM, SamplingParams  # noqa: E402
 from nanocore.config import EngineConfig  # noqa: E402
-from nanocore.engine.kv_sizing import graph_reserve  # noqa: E402
-from nanocore.engine.piecewise_graphs import PiecewiseGraphs, mixed_buckets  # noqa: E402
+from nanocore.runner.kv_sizing import graph_reserve  # noqa: E402
+from nanocore.runner.piecewise_graphs import PiecewiseGraphs, mixed_buckets  # noqa: E402
 
 PROMPTS = [[(11 * i + 5 * j) % 500 + 1 for j in range(3 + 29 * i)] for i in range(6)]  # 3 .. 148 tokens
 
@@ -50,7 +50,7 @@ def test_no_reserve_when_the_model_cannot_be_captured():
 
 
 def test_no_bucket_past_what_a_step_can_hold():
-    from nanocore.engine.piecewise_graphs import step_token_limit
+    from nanocore.runner.piecewise_graphs import step_token_limit
     assert step_token_limit(16384, 4, 100) == 400
     assert mixed_buckets(step_token_limit(16384, 4, 100))[-1] == 400
 

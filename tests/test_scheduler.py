@@ -9,7 +9,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from engine_fakes import CharTokenizer, fake_loaded_model, greedy_full_recompute
 from nanocore.engine.llm import LLM
-from nanocore.engine.model_runner import ModelRunner
+from nanocore.runner.model_runner import ModelRunner
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import PolicyError
 from nanocore.interfaces import ScheduleDecision, SchedulerPolicy
@@ -39,10 +39,10 @@ def test_chunked_prefill_positions_are_contiguous(monkeypatch):
     seen: dict[int, list[int]] = {}
     original = ModelRunner.prepare
 
-    def recording_prepare(self, seqs, num_tokens, all_logits=False):
-        inputs = original(self, seqs, num_tokens, all_logits)
+    def recording_prepare(self, plan, all_logits=False):
+        inputs = original(self, plan, all_logits)
         starts = inputs.meta.query_start_loc.tolist()
-        for i, s in enumerate(seqs):
+        for i, s in enumerate(plan.rows):
             seen.setdefault(s.seq_id, []).extend(inputs.positions[starts[i]:starts[i + 1]].tolist())
             slots = inputs.meta.slot_mapping[starts[i]:starts[i + 1]].tolist()
             pos = inputs.positions[starts[i]:starts[i + 1]].tolist()

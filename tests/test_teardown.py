@@ -65,7 +65,7 @@ def test_a_new_engine_after_a_stuck_teardown_says_to_start_a_new_process(monkeyp
     import torch
 
     from nanocore.config import EngineConfig
-    from nanocore.engine.workers import join_process_group
+    from nanocore.runner.worker_process import join_process_group
 
     monkeypatch.setattr(parallel.dist, "is_initialized", lambda: True)
     monkeypatch.setattr(parallel, "teardown_stuck", True)

@@ -12,8 +12,8 @@ import torch
 pytest.importorskip("triton")
 
 from nanocore.builtin.unquantized_kv import UnquantizedKVCodec  # noqa: E402
-from nanocore.engine.warmup import batch_inputs  # noqa: E402
-from nanocore.engine.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan  # noqa: E402
+from nanocore.runner.warmup import batch_inputs  # noqa: E402
+from nanocore.runner.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan  # noqa: E402
 from nanocore.kernels import paged_attention as launcher  # noqa: E402
 
 HQ, HKV, D, BLOCK = 4, 2, 32, 4

@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 pytest.importorskip("triton")
 
-from nanocore.engine.warmup_plan import (AttentionShape, ServingLimits, WarmupBatch, choice_of,  # noqa: E402
+from nanocore.runner.warmup_plan import (AttentionShape, ServingLimits, WarmupBatch, choice_of,  # noqa: E402
                                          warmup_plan)
 from nanocore.kernels import attention_config  # noqa: E402
 from nanocore.kernels.attention_config import batch_choice, default_config  # noqa: E402
@@ -127,7 +127,7 @@ def test_warmup_batches_run_through_the_engine_on_cpu():
     from engine_fakes import fake_loaded_model
 
     from nanocore.engine.llm import LLM
-    from nanocore.engine.warmup import run_warmup
+    from nanocore.runner.warmup import run_warmup
     llm = LLM("fake", loaded_model=fake_loaded_model(), block_size=4, num_kv_blocks=64, device="cpu",
               prefix_cache="none", scheduler_policy="prefill_first", kv_codec="unquantized")
     plan = run_warmup(llm.engine.runner, ServingLimits(40, 4, 64))

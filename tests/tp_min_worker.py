@@ -17,7 +17,7 @@ OFFERED = (12, 7)  # rank 0 has more room than rank 1: the minimum must win
 def worker(rank: int, port: int, out_dir: str) -> None:
     from nanocore.config import EngineConfig
     from nanocore.distributed import destroy_distributed, exit_worker_process
-    from nanocore.engine.workers import join_process_group, min_over_ranks
+    from nanocore.runner.worker_process import join_process_group, min_over_ranks
 
     config = EngineConfig(model="dummy:x", device="cpu", tensor_parallel_size=2)
     join_process_group(rank, 2, config, torch.device("cpu"), f"tcp://127.0.0.1:{port}")

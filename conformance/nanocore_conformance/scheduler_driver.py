@@ -16,6 +16,7 @@ from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence, SequenceStatus
 from nanocore.plugins import BackendEntry, get_registry
+from nanocore.runner.step_plan import StepOutput
 
 VOCAB = 97
 
@@ -107,32 +108,28 @@ class SchedulerDriver:
         return result
 
     def step(self, step: int, result: DriveResult) -> None:
-        batch = self.preempting(self.scheduler.schedule)
+        plan = self.preempting(self.scheduler.schedule)
+        batch = self.scheduler.batch
         self.check_batch(batch)
         self.check_preempted_and_blocks()
         result.max_batch_tokens = max(result.max_batch_tokens, batch.total_tokens)
-        for seq, n in zip(batch.seqs, batch.num_tokens):
+        for seq, row in zip(batch.seqs, plan.rows):
             result.first_admitted.setdefault(seq.seq_id, step)
-            start = seq.num_computed_tokens
-            assert start == self.progress.get(seq.seq_id, 0), (
-                f"sequence {seq.seq_id} resumes at position {start}, but {self.progress.get(seq.seq_id, 0)} "
+            assert row.start == self.progress.get(seq.seq_id, 0), (
+                f"sequence {seq.seq_id} resumes at position {row.start}, but {self.progress.get(seq.seq_id, 0)} "
                 f"tokens were computed before: chunks must be contiguous")
-            for position in range(start, start + n):
-                self.kv[self.slot(seq, position)] = seq.token_ids[position]
+            for position, token in enumerate(row.token_ids, start=row.start):
+                self.kv[self.slot(seq, position)] = token
         sampled = []
-        for seq, n in zip(batch.seqs, batch.num_tokens):
-            seq.num_computed_tokens += n
-            self.progress[seq.seq_id] = seq.num_computed_tokens
-            self.block_manager.publish(seq)
-            if seq.num_computed_tokens == seq.num_tokens:
+        for seq, row in zip(batch.seqs, plan.rows):
+            self.progress[seq.seq_id] = row.start + len(row.token_ids)
+            if row.samples:
                 context = [self.kv[self.slot(seq, p)] for p in range(seq.num_tokens)]
                 assert context == seq.token_ids, f"sequence {seq.seq_id} reads KV of other tokens from its blocks"
-                sampled.append((seq, fake_next_token(context)))
-        for seq, token in sampled:
-            seq.append_token(token)
-            if seq.num_output_tokens >= seq.max_tokens:
-                self.scheduler.finish(seq)
-                self.progress.pop(seq.seq_id, None)
+                sampled.append(fake_next_token(context))
+        output = StepOutput([r.seq_id for r in plan.rows if r.samples], sampled)
+        for seq in self.scheduler.update(plan, output, stop_at_max_tokens):
+            self.progress.pop(seq.seq_id, None)
 
     def check_batch(self, batch) -> None:
         s = self.scheduler
@@ -159,6 +156,10 @@ class SchedulerDriver:
         bm = self.block_manager
         assert len(owned) + bm.num_free_blocks == bm.num_blocks, (
             f"{len(owned)} owned + {bm.num_free_blocks} free blocks != {bm.num_blocks}: blocks leaked")
+
+
+def stop_at_max_tokens(seq: Sequence) -> tuple[str, None] | None:
+    return ("length", None) if seq.num_output_tokens >= seq.max_tokens else None
 
 
 def check_arrival_order(arrivals: list[tuple[int, int, int]], first_admitted: dict[int, int]) -> None:

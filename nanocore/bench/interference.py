@@ -17,7 +17,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
-from nanocore.engine.heap import frozen_heap
+from nanocore.runner.heap import frozen_heap
 
 #: name -> (scheduler policy, its options); "no_chunking" runs B's whole prompt in one step.
 MODES = {

@@ -9,7 +9,7 @@ import random
 import statistics
 import time
 
-from nanocore.engine.heap import frozen_heap
+from nanocore.runner.heap import frozen_heap
 
 
 def one_request_timeline(engine, prompt: list[int], output_len: int) -> tuple[float, list[float]]:

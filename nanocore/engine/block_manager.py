@@ -88,8 +88,7 @@ class BlockManager:
         assert num_blocks >= seq.num_published_blocks, "trim would drop blocks the prefix cache holds"
         for block_id in reversed(seq.block_table[num_blocks:]):
             self._release(block_id)
-        # a new list, never a shrunk one: ModelRunner updates cached block-table rows in place only for
-        # lists that grew, so a same-length list regrown with another block must not look unchanged
+        # a new list, never a shrunk one: a plan already handed to the runner keeps the table it planned with
         seq.block_table = seq.block_table[:num_blocks]
 
     def publish(self, seq: Sequence) -> None:

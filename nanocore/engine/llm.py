@@ -9,7 +9,7 @@ from tqdm.auto import tqdm
 
 from nanocore.config import EngineConfig
 from nanocore.engine.detokenizer import chat_prompt_ids
-from nanocore.engine.heap import frozen_heap
+from nanocore.runner.heap import frozen_heap
 from nanocore.engine.llm_engine import LLMEngine
 from nanocore.engine.outputs import EngineStats, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams

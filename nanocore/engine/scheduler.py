@@ -1,21 +1,30 @@
-"""Scheduler mechanics: run the policy, validate its decision, admit, allocate, preempt.
+"""The scheduler: the one owner of sequence state. It runs the policy, validates its decision, admits,
+allocates, preempts, plans each step for the runner, applies its output and frees finished sequences.
 
-The policy (a plugin) only decides. Everything that keeps the engine correct happens here: a bad
-decision is a clear error naming the policy, prefix-cache hits shrink the work of new sequences,
-and KV exhaustion preempts the latest-arrived running sequence (recomputed later) instead of crashing.
+The policy (a plugin) only decides. Everything that keeps the engine correct happens here: a bad decision is
+a clear error naming the policy, prefix-cache hits shrink the work of new sequences, and KV exhaustion preempts
+the latest-arrived running sequence (recomputed later) instead of crashing. ``schedule()`` returns a
+``StepPlan`` (plain data); ``update(plan, output, stop_of)`` appends the sampled tokens and applies stops.
 """
 from __future__ import annotations
 
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 from nanocore.engine.block_manager import BlockManager
+from nanocore.engine.lookahead import Lookahead, lookahead_rows, plan_lookahead
+from nanocore.engine.sampling_params import SamplingParams
+from nanocore.engine.schedule_checks import PolicyError, check_fits, validate_decision
 from nanocore.engine.sequence import Sequence, SequenceStatus
 from nanocore.interfaces import ScheduleDecision, SchedulerPolicy, SchedulerState, StepBudget
+from nanocore.runner.step_plan import AheadPlan, ScheduledRow, StepOutput, StepPlan
 
+__all__ = ["PolicyError", "ScheduledBatch", "Scheduler"]
 
-class PolicyError(RuntimeError):
-    """A scheduler policy returned a decision the core cannot run."""
+#: what ends a sequence after its newest token: (finish reason, stop reason), or None to go on
+StopCheck = Callable[[Sequence], "tuple[str, int | str | None] | None"]
 
 
 @dataclass
@@ -41,26 +50,19 @@ class Scheduler:
         self.max_model_len = max_model_len
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
+        self.batch = ScheduledBatch([], [])  # the sequences of the latest plan
+        self.lookahead: Lookahead | None = None
+        self._finished_ids: list[int] = []  # since the latest plan: the runner drops their state
+        self._reset_ids: list[int] = []  # since the latest plan: block tables freed or cut back
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
+        self.num_overlapped_steps = 0  # plans whose forward a look-ahead already ran
+        self.num_discarded_lookaheads = 0
         self.peak_running = 0  # most sequences running at once (benchmarks reset it)
 
     # ---- admission -----------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
-        """Reject a request that can never run, instead of letting it wait forever. As in vLLM, output that
-        would pass max_model_len is not an error: generation stops there with finish reason "length"."""
-        if num_prompt_tokens >= self.max_model_len:
-            raise ValueError(
-                f"the prompt has {num_prompt_tokens} tokens but max_model_len is {self.max_model_len} (prompt and "
-                f"output together); shorten the prompt or raise max_model_len")
-        total = min(num_prompt_tokens + max_tokens, self.max_model_len)
-        bm = self.block_manager
-        blocks = -(-total // bm.block_size)
-        if blocks > bm.num_blocks:
-            raise ValueError(
-                f"prompt + max_tokens = {total} tokens needs {blocks} KV blocks of {bm.block_size} tokens but the "
-                f"whole KV cache has {bm.num_blocks}; raise num_kv_blocks (or cpu_kv_cache_gib / "
-                f"gpu_memory_utilization) or lower max_tokens")
+        check_fits(num_prompt_tokens, max_tokens, self.max_model_len, self.block_manager)
 
     def add(self, seq: Sequence) -> None:
         self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
@@ -71,19 +73,22 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     # ---- one step ------------------------------------------------------------------------
-    def schedule(self) -> ScheduledBatch:
-        """Decide, validate and allocate one step. Preempts (and asks the policy again) when KV runs out."""
+    def schedule(self) -> StepPlan:
+        """Decide, validate, allocate and plan one step. Preempts (and asks the policy again) when KV runs out."""
+        if self.lookahead is not None and self.waiting:  # admissions see the synchronous engine's free blocks
+            self._reset_ids += self.lookahead.undo_blocks(self.block_manager)
+            self.discard_lookahead()
         hide_waiting = False  # set when admissions did not fit: ask the policy for running work only
         while True:
             budget = StepBudget(self.max_num_batched_tokens, self.max_num_seqs,
                                 self.block_manager.num_free_blocks, self.block_manager.block_size)
             waiting = [] if hide_waiting else list(self.waiting)
             decision = self.policy.schedule(SchedulerState(waiting, list(self.running)), budget)
-            self._validate(decision, budget, waiting)
+            validate_decision(decision, budget, waiting, self.running, self.policy_name)
             preempted_before = self.num_preemptions
             batch, admission_failed = self._apply(decision)
             if batch.seqs:
-                return batch
+                return self._plan(batch)
             if self.num_preemptions > preempted_before:
                 continue
             if admission_failed and self.running and not hide_waiting:
@@ -95,33 +100,6 @@ class Scheduler:
                     f"sequence(s) although the whole KV cache ({self.block_manager.num_free_blocks} blocks) is "
                     f"available; the policy must schedule at least one sequence when nothing is running")
             hide_waiting = False
-
-    def _validate(self, decision: ScheduleDecision, budget: StepBudget, waiting: list[Sequence]) -> None:
-        def fail(why: str) -> None:
-            raise PolicyError(f"scheduler policy {self.policy_name!r} returned an invalid decision: {why}")
-
-        if not isinstance(decision, ScheduleDecision):
-            fail(f"expected a ScheduleDecision, got {type(decision).__name__}")
-        known = set(map(id, self.running))
-        known.update(map(id, waiting))
-        seen: set[int] = set()
-        total = 0  # recounted: a policy may have built ``items`` without ``add``
-        for item in decision.items:
-            seq, n = item.seq, item.num_tokens
-            key = id(seq)
-            if key not in known:
-                fail(f"sequence {getattr(seq, 'seq_id', seq)!r} is neither waiting nor running")
-            if key in seen:
-                fail(f"sequence {seq.seq_id} is scheduled twice")
-            seen.add(key)
-            uncomputed = seq.num_tokens - seq.num_computed_tokens
-            if not isinstance(n, int) or not 1 <= n <= uncomputed:
-                fail(f"sequence {seq.seq_id} scheduled for {n!r} tokens; allowed 1..{uncomputed} (its uncomputed tokens)")
-            total += n
-        if len(decision.items) > budget.max_num_seqs:
-            fail(f"{len(decision.items)} sequences exceed max_num_seqs {budget.max_num_seqs}")
-        if total > budget.max_num_batched_tokens:
-            fail(f"{total} tokens exceed max_num_batched_tokens {budget.max_num_batched_tokens}")
 
     def _apply(self, decision: ScheduleDecision) -> tuple[ScheduledBatch, bool]:
         """Admit and allocate in decision order. A running sequence that does not fit preempts later
@@ -167,7 +145,12 @@ class Scheduler:
             self.block_manager.free(seq)
             self.waiting.insert(position, seq)
             return False
-        self._admitted(seq, cached)
+        if seq.num_cached_tokens < 0:  # re-admissions after preemption find their own KV again: not prompt hits
+            seq.num_cached_tokens = cached
+            self.num_cached_tokens += cached
+        seq.status = SequenceStatus.RUNNING
+        self.running.append(seq)
+        self.peak_running = max(self.peak_running, len(self.running))
         return True
 
     def _allocate_running(self, seq: Sequence, num_tokens: int, scheduled_seqs: list[Sequence]) -> bool:
@@ -179,42 +162,116 @@ class Scheduler:
                 return False
         return True
 
-    def _admitted(self, seq: Sequence, cached: int) -> None:
-        if seq.num_cached_tokens < 0:  # re-admissions after preemption find its own KV again: not prompt hits
-            seq.num_cached_tokens = cached
-            self.num_cached_tokens += cached
-        seq.status = SequenceStatus.RUNNING
-        self.running.append(seq)
-        self.peak_running = max(self.peak_running, len(self.running))
-
     def preempt_latest(self, exclude=()) -> Sequence | None:
         """Preempt the latest-arrived running sequence whose id is not in ``exclude``, as KV pressure does (the
-        conformance driver forces it in any state); it, or None if none."""
+        conformance driver forces it in any state); it, or None if none. It goes back to the front of the
+        waiting queue without KV (recomputed later)."""
         candidates = [s for s in self.running if id(s) not in exclude]
         if not candidates:
             return None
         victim = max(candidates, key=lambda s: s.arrival_index)
-        self._preempt(victim)
+        self.block_manager.free(victim)
+        self._reset_ids.append(victim.seq_id)
+        self.running.remove(victim)
+        victim.status = SequenceStatus.WAITING
+        self.waiting.appendleft(victim)
+        self.num_preemptions += 1
         return victim
 
-    def _preempt(self, seq: Sequence) -> None:
-        """Free ``seq``'s KV and put it back at the front of the waiting queue (recompute later)."""
-        self.block_manager.free(seq)
-        self.running.remove(seq)
-        seq.status = SequenceStatus.WAITING
-        self.waiting.appendleft(seq)
-        self.num_preemptions += 1
+    def _plan(self, batch: ScheduledBatch) -> StepPlan:
+        """The runner's view of ``batch``: one row per sequence, plus what changed since the previous plan."""
+        rows = []
+        for seq, n in zip(batch.seqs, batch.num_tokens):
+            start = seq.num_computed_tokens
+            end = start + n
+            rows.append(ScheduledRow(seq.seq_id, start, seq.token_ids[start:end], seq.block_table,
+                                     end == seq.num_tokens, seq.num_tokens - seq.num_prompt_tokens, seq.sampling))
+        plan = StepPlan(rows, self._finished_ids, self._reset_ids)
+        self._finished_ids, self._reset_ids, self.batch = [], [], batch
+        if self.lookahead is not None:  # the planned step's forward ran: usable if this is exactly its batch
+            plan.ahead_rows = self.lookahead.rows_for(batch.seqs, batch.total_tokens)
+            if plan.ahead_rows is None:
+                self.discard_lookahead()
+            else:
+                self.num_overlapped_steps += 1
+                self.lookahead = None
+        return plan
+
+    # ---- planning a step ahead -----------------------------------------------------------
+    def plan_ahead(self) -> AheadPlan | None:
+        """The decode step after the latest plan, assuming each of its rows goes on (see ``lookahead.py``), with
+        the blocks it needs allocated; None when the next step may differ. The next ``schedule()`` uses it."""
+        batch = self.batch
+        rows = lookahead_rows(batch.seqs, batch.total_tokens, self.waiting, self.running, self.block_manager,
+                              self.max_model_len)
+        if rows is None:
+            return None
+        self.lookahead, ahead = plan_lookahead(batch.seqs, rows, self.block_manager)
+        return ahead
+
+    def cancel_lookahead(self) -> None:
+        """The runner could not queue the planned step: give its blocks back."""
+        if self.lookahead is not None:
+            self._reset_ids += self.lookahead.undo_blocks(self.block_manager)
+            self.lookahead = None
+
+    def discard_lookahead(self) -> None:
+        """Throw the planned step away (another batch runs, or every row ended), counting it."""
+        if self.lookahead is not None:
+            self.num_discarded_lookaheads += 1
+            self.lookahead = None
 
     # ---- after the step ------------------------------------------------------------------
+    def update(self, plan: StepPlan, output: StepOutput, stop_of: StopCheck) -> list[Sequence]:
+        """Apply a step: advance each row's computed tokens (publishing blocks it filled), append each sampled
+        token (and its logprobs), apply the stop ``stop_of`` reports and free what finished; returns those."""
+        block_manager, block_size = self.block_manager, self.block_manager.block_size
+        seqs = self.batch.seqs
+        for seq, row in zip(seqs, plan.rows):
+            seq.num_computed_tokens += len(row.token_ids)
+            if seq.num_computed_tokens // block_size > seq.num_published_blocks:  # only when a block filled up
+                block_manager.publish(seq)
+        if len(output.seq_ids) < len(seqs):  # rank 0 samples exactly the rows that reach their newest token
+            seqs = [seq for seq, row in zip(seqs, plan.rows) if row.samples]
+        assert len(seqs) == len(output.token_ids), "the output does not answer the latest plan"
+        finished = []
+        logprobs = output.logprobs
+        for i, (seq, token_id) in enumerate(zip(seqs, output.token_ids)):
+            seq.append_token(token_id)
+            if logprobs is not None and seq.output_logprobs is not None:
+                seq.output_logprobs.append(logprobs[i])
+            stop = stop_of(seq)
+            if stop is not None:
+                seq.finish_reason, seq.stop_reason = stop
+                self.finish(seq)
+                finished.append(seq)
+        return finished
+
     def finish(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
+        self._finished_ids.append(seq.seq_id)
 
     def abort(self, seq: Sequence) -> None:
         if seq.status is SequenceStatus.RUNNING:
             self.finish(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self._finished_ids.append(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or "abort"
+
+    @contextmanager
+    def borrowed_row(self, token_ids: list[int]) -> Iterator[ScheduledRow]:
+        """A row computing all of ``token_ids`` on blocks borrowed while the block runs (evaluation on an idle
+        engine); ValueError if they do not fit."""
+        seq = Sequence(-1, -1, token_ids, SamplingParams(max_tokens=1), max_tokens=1)
+        if not token_ids or not self.block_manager.allocate(seq, len(token_ids)):
+            bm = self.block_manager
+            raise ValueError(f"{len(token_ids)} tokens do not fit in the KV cache ({bm.num_blocks} blocks of "
+                             f"{bm.block_size}); use a shorter window or more KV blocks")
+        try:
+            yield ScheduledRow(-1, 0, list(token_ids), list(seq.block_table), True, 0, seq.sampling)
+        finally:
+            self.block_manager.free(seq)

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 from enum import Enum
 
-import torch
-
 from nanocore.engine.sampling_params import SamplingParams
+from nanocore.runner.step_plan import RowSampling
 
 
 class SequenceStatus(Enum):
@@ -18,11 +17,13 @@ class Sequence:
     __slots__ = (
         "seq_id", "arrival_index", "request_id", "index", "token_ids", "num_tokens", "num_prompt_tokens",
         "num_computed_tokens", "num_published_blocks", "block_table", "sampling_params", "status",
-        "num_cached_tokens", "finish_reason", "stop_reason", "output_logprobs", "generator", "max_tokens",
+        "num_cached_tokens", "finish_reason", "stop_reason", "output_logprobs", "sampling", "max_tokens",
     )
 
     def __init__(self, seq_id: int, arrival_index: int, prompt_token_ids: list[int],
-                 sampling_params: SamplingParams, max_tokens: int, request_id: str = "", index: int = 0):
+                 sampling_params: SamplingParams, max_tokens: int, request_id: str = "", index: int = 0,
+                 sampling: RowSampling | None = None):
+        """``sampling``: how the runner samples it (by default ``row_sampling(sampling_params)``)."""
         self.seq_id = seq_id
         self.arrival_index = arrival_index
         self.request_id = request_id
@@ -39,7 +40,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.output_logprobs: list[dict] | None = [] if sampling_params.logprobs is not None else None
-        self.generator: torch.Generator | None = None  # per-request RNG when a seed is given
+        self.sampling = sampling or row_sampling(sampling_params)
 
     def __repr__(self) -> str:
         return (f"Sequence(id={self.seq_id}, tokens={self.num_tokens}, computed={self.num_computed_tokens}, "
@@ -72,3 +73,10 @@ class Sequence:
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)
         self.num_tokens += 1
+
+
+def row_sampling(params: SamplingParams, eos_token_ids=(), seed: int | None = None) -> RowSampling:
+    """The runner's view of ``params`` for one sequence; ``seed``: its own stream (None: the shared one)."""
+    banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
+    return RowSampling(params.temperature, params.top_k, params.top_p, params.min_p, params.logprobs, seed,
+                       params.min_tokens, tuple(sorted(banned)))

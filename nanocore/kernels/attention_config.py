@@ -174,7 +174,7 @@ def choose_num_splits(programs: int, max_seq_len: int, block_n: int, sm_count: i
 class AttentionChoice:
     """What one batch selects. A compiled variant of the attention kernel is ``(config, fresh, cached,
     splits > 1)`` (everything else is fixed per engine: layout, head shape, dtype); the merge kernel's is the
-    split count. The engine's warm-up compiles every choice reachable in serving (nanocore/engine/warmup_plan.py)."""
+    split count. The engine's warm-up compiles every choice reachable in serving (nanocore/runner/warmup_plan.py)."""
 
     config: AttentionConfig
     fresh: bool  # chunks of 2+ tokens read their own K/V from k_new / v_new

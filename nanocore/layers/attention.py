@@ -46,7 +46,7 @@ class AttentionMetadata:
     #: True: the step's own tokens too are read back from the cache through the codec (eval scoring);
     #: False: a chunk of 2+ tokens attends to its own K/V in the model dtype.
     kv_from_cache: bool = False
-    #: Piecewise CUDA graphs (engine/piecewise_graphs.py): called by each attention layer with its q/k/v
+    #: Piecewise CUDA graphs (runner/piecewise_graphs.py): called by each attention layer with its q/k/v
     #: ``[T, heads, head_dim]`` instead of storing and attending; returns the ``[T, heads * head_dim]`` output rows.
     segment_break: Callable[[Attention, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     #: [num_seqs] int32, set for pure decode steps (unless ``attention_decode_order`` is "batch"): a grid of one

@@ -6,7 +6,7 @@ from typing import Any
 
 def backends_in_use(engine) -> dict[str, str | None]:
     """Each kind's backend as resolved ('auto' replaced by what it chose); moe_executor is None for a dense model."""
-    from nanocore.engine.workers import backend_names
+    from nanocore.runner.worker_process import backend_names
 
     names = backend_names(engine.loaded, engine.runner.codec)
     names["prefix_cache"] = engine.block_manager.prefix_cache.name

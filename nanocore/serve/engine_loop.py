@@ -14,7 +14,7 @@ from collections import deque
 
 import torch
 
-from nanocore.engine.heap import frozen_heap
+from nanocore.runner.heap import frozen_heap
 from nanocore.engine.llm import LLM
 from nanocore.serve.engine_info import describe
 from nanocore.serve.metrics import ServerMetrics

@@ -16,8 +16,8 @@ def frozen_heap(collect_first: bool = False) -> Iterator[None]:
     """``gc.freeze()`` while any generation loop runs, ``gc.unfreeze()`` when the last one ends.
 
     A full (generation-2) collection scans every tracked object: with a model, its kernels and CUDA graphs built that is
-    ~440K objects, and on the H200 one took 275 ms inside a 5.6 s `bench throughput` pass (session 17,
-    `benchmarks.gc_pauses`; with the heap frozen once after the engine was built, no full collection ran in the pass).
+    ~440K objects, and on the H200 one took 275 ms inside a 5.6 s `bench throughput` pass (`benchmarks.gc_pauses`;
+    with the heap frozen once after the engine was built, no full collection ran in the pass).
     New objects are still collected; unfreezing after the loop lets an engine dropped later, even in a reference cycle,
     be collected. Loops in several threads share one freeze (a depth count). A process that froze its heap itself, or
     disabled the GC, is left as it is. ``collect_first``: collect before freezing (a long-lived loop, the server's:

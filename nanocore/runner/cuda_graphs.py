@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nanocore.engine.piecewise_graphs import PiecewiseGraphs, step_token_limit
-from nanocore.engine.warmup import attention_shape
-from nanocore.engine.warmup_plan import AttentionShape, WarmupBatch, choice_of
+from nanocore.runner.piecewise_graphs import PiecewiseGraphs, step_token_limit
+from nanocore.runner.warmup import attention_shape
+from nanocore.runner.warmup_plan import AttentionShape, WarmupBatch, choice_of
 from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import AttentionMetadata
 

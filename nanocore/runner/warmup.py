@@ -1,6 +1,6 @@
 """Kernel warm-up: before the engine reports ready, run one forward (and sampling) per batch of the warm-up plan
 (``warmup_plan``), so every Triton kernel variant a serving step can select is compiled at start, not on the
-first request that happens to select it (issue 19: the p50 TTFT of 1.3 s at 16 req/s is likely such compiles).
+first request that happens to select it (a compile there stalls every request in the batch).
 
 The batches write no KV (slot -1) and read scratch block 0 for their cached positions (zeros at start, and
 never handed out yet); their outputs are dropped. Their memory stays within the profile run's activation
@@ -13,7 +13,7 @@ import time
 
 import torch
 
-from nanocore.engine.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
+from nanocore.runner.warmup_plan import AttentionShape, ServingLimits, WarmupBatch, warmup_plan
 from nanocore.kernels.attention_config import longest_first
 from nanocore.kernels.device import sm_count
 from nanocore.layers.attention import Attention, AttentionMetadata

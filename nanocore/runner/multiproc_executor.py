@@ -1,10 +1,10 @@
-"""Rank 0's side of tensor / expert parallelism: start the workers, ship each batch, surface failures, stop.
+"""Rank 0's side of tensor / expert parallelism: start the workers, send each plan, surface failures, stop.
 
-``WorkerGroup`` spawns ranks 1..N-1 (``nanocore.engine.workers.worker_main``) and moves through the same
-stages they do (validated -> process group -> loaded -> KV blocks agreed -> ready), waiting on each
-with a liveness check and a timeout (``NANOCORE_DIST_TIMEOUT_S``, default 600), so a worker that dies
-is a ``WorkerError`` with its traceback, never a hang. ``ParallelModelRunner`` is what LLMEngine holds
-as its runner: it ships the batch, then runs rank 0's own ModelRunner, which samples.
+``MultiprocExecutor`` spawns ranks 1..N-1 (``nanocore.runner.worker_process.worker_main``) and moves through the
+same stages they do (validated -> process group -> loaded -> KV blocks agreed -> ready), waiting on each with a
+liveness check and a timeout (``NANOCORE_DIST_TIMEOUT_S``, default 600), so a worker that dies is a
+``WorkerError`` with its traceback, never a hang. Each step it sends the plan to the workers, then runs rank 0's
+own ModelRunner on it, which samples.
 """
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ import torch.multiprocessing as mp
 
 from nanocore.config import EngineConfig
 from nanocore.distributed import abandon_process_group, destroy_distributed
-from nanocore.engine import workers as worker_process
-from nanocore.engine.llm_engine import build_backend
-from nanocore.engine.model_runner import ModelRunner
-from nanocore.engine.workers import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
-                                     dist_timeout, join_process_group, rank_device, ship, trace, worker_main,
+from nanocore.runner import worker_process
+from nanocore.plugins import build_backend
+from nanocore.runner.executor import Executor
+from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.step_plan import ScheduledRow, StepOutput, StepPlan, encode_plan
+from nanocore.runner.worker_process import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
+                                     dist_timeout, join_process_group, rank_device, trace, worker_main,
                                      world_size_of)
 
 
@@ -69,12 +71,12 @@ def sharding_problems(hf_config, tp: int, ep: int) -> list[str]:
     return problems
 
 
-class WorkerGroup:
-    """Ranks 1..N-1 of one engine, seen from rank 0."""
+class MultiprocExecutor(Executor):
+    """Ranks 1..N-1 of one engine as spawned worker processes, seen from rank 0."""
 
     def __init__(self, config: EngineConfig, device: torch.device):
         check_parallel_config(config)
-        self.config, self.device = config, device
+        super().__init__(config, device)
         self.world_size = world_size_of(config)
         rank_device(device, self.world_size - 1)  # every GPU we will need is visible
         os.environ.update(NVLS_OFF)  # for this process's NCCL and inherited by the workers
@@ -101,14 +103,14 @@ class WorkerGroup:
             self._state["own_group"] = True
             trace(0, "joined the process group")
 
-    # ---- start-up stages, called by LLMEngine --------------------------------------------------
+    # ---- start-up stages --------------------------------------------------------------------------
     def load_model(self):
         from nanocore.loader import load_model
 
         with self._closing_on_error():
             return load_model(self.config, self.device, self.parallel)
 
-    def build_runner(self, loaded, max_model_len: int) -> ParallelModelRunner:
+    def start(self, loaded, max_model_len: int) -> None:
         """Rank 0's ModelRunner, built alongside the workers' with the KV block count they all agreed on."""
         with self._closing_on_error():
             codec = build_backend("kv_codec", self.config, self.device)
@@ -125,9 +127,20 @@ class WorkerGroup:
                 raise WorkerError(f"the workers resolved other backends than rank 0 ({mine}): {self.worker_backends}; "
                                   f"name the backends explicitly instead of 'auto'")
         self._state["serving"] = True
-        return ParallelModelRunner(runner, self)
+        self.runner = runner
 
     # ---- each step -----------------------------------------------------------------------------
+    def launch(self, plan: StepPlan) -> "Done":
+        """Every rank runs ``plan`` (the workers first: the collectives pair up); rank 0 samples."""
+        self.send("execute", encode_plan(plan))
+        with self.running_step():
+            return Done(self.runner.execute(plan))
+
+    def prompt_logits(self, row: ScheduledRow, kv_from_cache: bool = False) -> torch.Tensor:
+        self.send("prompt_logits", encode_plan(StepPlan([row])), kv_from_cache)  # every rank attends the same way
+        with self.running_step():
+            return self.runner.prompt_logits(row, kv_from_cache)
+
     def send(self, method: str, *args) -> None:
         """Ask every worker to run ``method(*args)`` (no reply: the collectives keep us in step)."""
         if self._state["broken"]:
@@ -216,28 +229,14 @@ class WorkerGroup:
             raise
 
 
-class ParallelModelRunner:
-    """Rank 0's ModelRunner front: ships each batch to the workers, then runs the local runner (which samples).
+class Done:
+    """A step already run to its end (the ranks run synchronously)."""
 
-    Everything else (``num_blocks``, ``kv_caches``, ``model``...) is the local runner's.
-    """
+    def __init__(self, output: StepOutput):
+        self.output = output
 
-    def __init__(self, runner: ModelRunner, workers: WorkerGroup):
-        self.runner, self.workers = runner, workers
-
-    def execute(self, seqs, num_tokens: list[int]):
-        self.workers.send("execute", ship(seqs, num_tokens), list(num_tokens))
-        with self.workers.running_step():
-            return self.runner.execute(seqs, num_tokens)
-
-    def prompt_logits(self, seq, kv_from_cache: bool = False) -> torch.Tensor:
-        shipped = ship([seq], [seq.num_tokens - seq.num_computed_tokens])[0]
-        self.workers.send("prompt_logits", shipped, kv_from_cache)  # every rank attends the same way
-        with self.workers.running_step():
-            return self.runner.prompt_logits(seq, kv_from_cache)
-
-    def __getattr__(self, name: str):
-        return getattr(self.runner, name)
+    def result(self) -> StepOutput:
+        return self.output
 
 
 def _recv(conn) -> tuple[str, object]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 
 from nanocore.config import EngineConfig
-from nanocore.engine.cuda_graphs import captures_mixed_graphs
-from nanocore.engine.piecewise_graphs import mixed_buckets, step_token_limit
+from nanocore.runner.cuda_graphs import captures_mixed_graphs
+from nanocore.runner.piecewise_graphs import mixed_buckets, step_token_limit
 from nanocore.interfaces import KVCodec
 from nanocore.layers.attention import AttentionMetadata
 

@@ -2,9 +2,9 @@
 
 Nano-vLLM style. Each worker is a spawned process that loads plugins from entry points (the config
 travels as a dict of names and options, never classes), joins the process group, loads its model
-shard and builds its own ModelRunner and KV cache. Each step rank 0 ships the scheduled batch (per
-sequence: the new token ids, num_computed_tokens, num_tokens, block table) through a pipe; every rank
-runs prepare + forward, so the collectives inside the model pair up, and only rank 0 samples.
+shard and builds its own ModelRunner and KV cache. Each step rank 0 sends the ``StepPlan`` as columns of
+plain data (``encode_plan``) through a pipe; every rank runs the same plan, so the collectives inside the model pair up, and only
+rank 0 samples.
 """
 from __future__ import annotations
 
@@ -16,7 +16,6 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -24,10 +23,11 @@ import torch.distributed as dist
 
 from nanocore.config import EngineConfig
 from nanocore.distributed import ParallelContext, destroy_distributed, exit_worker_process, init_distributed, parallel
-from nanocore.engine.heap import frozen_heap
-from nanocore.engine.llm_engine import build_backend
-from nanocore.engine.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
-from nanocore.engine.model_runner import ModelRunner
+from nanocore.plugins import build_backend
+from nanocore.runner.heap import frozen_heap
+from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
+from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.step_plan import decode_plan
 
 #: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -122,43 +122,6 @@ def agreed_runner_config(config: EngineConfig, loaded, device: torch.device, cod
     return config.model_copy(update=update)
 
 
-# ---- what travels each step --------------------------------------------------------------------
-class _TokenWindow:
-    """``token_ids[start:]`` of a sequence; prepare() only slices from num_computed_tokens on."""
-
-    __slots__ = ("start", "ids")
-
-    def __init__(self, start: int, ids: list[int]):
-        self.start, self.ids = start, ids
-
-    def __getitem__(self, s: slice) -> list[int]:
-        assert s.start >= self.start, f"slice {s} reaches before the shipped tokens (from {self.start})"
-        return self.ids[s.start - self.start:s.stop - self.start]
-
-
-@dataclass(slots=True)
-class ShippedSequence:
-    """What a worker's ModelRunner.prepare reads of a sequence (it never samples, so no sampling params)."""
-
-    num_computed_tokens: int
-    num_tokens: int
-    block_table: list[int]
-    new_token_ids: list[int]  # token_ids[num_computed_tokens:num_computed_tokens + n]
-
-    @property
-    def num_blocks(self) -> int:
-        return len(self.block_table)
-
-    @property
-    def token_ids(self) -> _TokenWindow:
-        return _TokenWindow(self.num_computed_tokens, self.new_token_ids)
-
-
-def ship(seqs, num_tokens: list[int]) -> list[tuple]:
-    return [(s.num_computed_tokens, s.num_tokens, list(s.block_table),
-             s.token_ids[s.num_computed_tokens:s.num_computed_tokens + n]) for s, n in zip(seqs, num_tokens)]
-
-
 # ---- the worker process ------------------------------------------------------------------------
 def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str, device_name: str, conn,
                 parent_pid: int) -> None:
@@ -232,8 +195,8 @@ class Worker:
                 return
             getattr(self, method)(*args)
 
-    def execute(self, shipped: list[tuple], num_tokens: list[int]) -> None:
-        self.runner.execute([ShippedSequence(*s) for s in shipped], num_tokens)
+    def execute(self, plan: dict) -> None:
+        self.runner.execute(decode_plan(plan))
 
-    def prompt_logits(self, shipped: tuple, kv_from_cache: bool = False) -> None:
-        self.runner.prompt_logits(ShippedSequence(*shipped), kv_from_cache)
+    def prompt_logits(self, plan: dict, kv_from_cache: bool = False) -> None:
+        self.runner.prompt_logits(decode_plan(plan).rows[0], kv_from_cache)

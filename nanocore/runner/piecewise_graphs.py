@@ -1,4 +1,4 @@
-"""Piecewise CUDA graphs for steps with prefill chunks (mixed and prefill steps), issue 19.
+"""Piecewise CUDA graphs for steps with prefill chunks (mixed and prefill steps).
 
 A step of ``T`` tokens (``T`` up to the largest bucket) runs in the smallest token bucket ``Tb >= T``: the model's
 forward is captured once per bucket as ``num_layers + 1`` graph segments, cut at every attention call. Between

@@ -1,0 +1,106 @@
+"""The step plan: what the scheduler asks every rank to compute in one step, as plain data.
+
+A plan holds ints, floats and lists of them, never engine objects, so every rank (another process, later another
+host) runs the same plan. ``StepOutput`` is rank 0's answer: the sampled token of each row that samples.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from operator import attrgetter
+
+
+@dataclass(frozen=True, slots=True)
+class RowSampling:
+    """How one sequence samples, fixed for its lifetime."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    logprobs: int | None  # top-N logprobs per sampled token (None: none)
+    seed: int | None  # the sequence's own random stream (None: the runner's shared generator)
+    min_tokens: int
+    min_tokens_banned: tuple[int, ...]  # ids banned until ``min_tokens`` outputs: stop ids, EOS unless ignored
+
+
+@dataclass(slots=True)
+class ScheduledRow:
+    """One sequence's work in a step: ``token_ids`` at positions ``start, start + 1, ...`` of sequence ``seq_id``."""
+
+    seq_id: int
+    start: int  # tokens of the sequence already computed (in the KV cache)
+    token_ids: list[int]
+    #: the sequence's whole table, covering every position the row writes; read it while the step is planned and run
+    #: (the scheduler shares its list rather than copy it every step, and may grow it for later steps)
+    block_table: list[int]
+    samples: bool  # the row reaches the sequence's newest token, so the step samples its next one
+    num_output_tokens: int  # tokens generated so far (min_tokens bans)
+    sampling: RowSampling
+
+
+seq_id_of = attrgetter("seq_id")
+
+
+@dataclass
+class StepPlan:
+    """One step for every rank: the rows in batch order, and what changed since the previous plan."""
+
+    rows: list[ScheduledRow]
+    #: sequences that finished or were aborted since the previous plan: runners drop what they keep for them
+    finished_seq_ids: list[int] = field(default_factory=list)
+    #: sequences whose block table was freed or cut back since the previous plan: cached table rows are stale
+    reset_seq_ids: list[int] = field(default_factory=list)
+    #: rows of the previous ``AheadPlan`` this plan repeats, in order: their forward already ran (None: it does not)
+    ahead_rows: list[int] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(r.token_ids) for r in self.rows)
+
+    def seq_ids(self) -> tuple[int, ...]:
+        """The rows' sequences in order: what the runner's caches key on."""
+        return tuple(map(seq_id_of, self.rows))
+
+
+@dataclass
+class AheadPlan:
+    """A decode step queued before the previous plan's samples reach the host: row ``i`` computes position
+    ``positions[i]`` of sequence ``seq_ids[i]``, fed the token sampled for row ``source_rows[i]`` of that plan's
+    output (None: every sampled row, in order)."""
+
+    seq_ids: list[int]
+    positions: list[int]
+    block_tables: list[list[int]]
+    source_rows: list[int] | None
+
+
+@dataclass
+class StepOutput:
+    """The sampled token of each row that sampled, in plan order."""
+
+    seq_ids: list[int]
+    token_ids: list[int]
+    #: per sampled row: (token ids, logprobs, rank of the sampled token); the first id is the sampled one
+    logprobs: list[tuple[list[int], list[float], int]] | None = None
+
+
+ROW_FIELDS = ("seq_id", "start", "token_ids", "block_table", "samples", "num_output_tokens")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed", "min_tokens", "min_tokens_banned")
+
+
+def encode_plan(plan: StepPlan) -> dict[str, list]:
+    """``plan`` as columns of ints, floats and lists of them (what travels to other ranks: data, never objects)."""
+    rows = plan.rows
+    columns = {name: [getattr(r, name) for r in rows] for name in ROW_FIELDS}
+    columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS[:-1]),
+                            list(r.sampling.min_tokens_banned)] for r in rows]
+    columns["finished_seq_ids"], columns["reset_seq_ids"] = plan.finished_seq_ids, plan.reset_seq_ids
+    columns["ahead_rows"] = plan.ahead_rows
+    return columns
+
+
+def decode_plan(columns: dict[str, list]) -> StepPlan:
+    """The ``StepPlan`` that ``encode_plan`` wrote."""
+    sampling = [RowSampling(*values[:-1], tuple(values[-1])) for values in columns["sampling"]]
+    rows = [ScheduledRow(*values, s) for *values, s in zip(*(columns[name] for name in ROW_FIELDS), sampling)]
+    return StepPlan(rows, columns["finished_seq_ids"], columns["reset_seq_ids"], columns["ahead_rows"])

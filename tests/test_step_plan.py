@@ -1,0 +1,41 @@
+"""The step plan is plain data: what the scheduler plans travels to other ranks as columns of numbers and back."""
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from engine_fakes import fake_loaded_model  # noqa: E402
+
+from nanocore.engine.llm import LLM  # noqa: E402
+from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
+from nanocore.runner.step_plan import decode_plan, encode_plan  # noqa: E402
+
+
+def plain(value) -> bool:
+    if isinstance(value, (list, tuple)):
+        return all(plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and plain(v) for k, v in value.items())
+    return value is None or type(value) in (int, float, bool, str)
+
+
+def test_every_plan_of_a_run_is_plain_data_and_survives_the_wire():
+    llm = LLM("fake", loaded_model=fake_loaded_model(), device="cpu", block_size=4, num_kv_blocks=24,
+              max_num_batched_tokens=16, prefix_cache="none", kv_codec="unquantized")
+    schedule, plans = llm.engine.scheduler.schedule, []
+
+    def recording():
+        plans.append(schedule())
+        return plans[-1]
+
+    llm.engine.scheduler.schedule = recording
+    params = [SamplingParams(temperature=0.8, seed=3, max_tokens=20, min_tokens=4, logprobs=1, stop_token_ids=[7]),
+              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2)]
+    llm.generate(["hello there", "abc"], params, use_tqdm=False)
+    assert len(plans) > 10 and any(p.finished_seq_ids for p in plans) and any(len(p.rows) > 1 for p in plans)
+    for plan in plans:
+        columns = encode_plan(plan)
+        assert plain(columns)
+        assert decode_plan(pickle.loads(pickle.dumps(columns))) == plan
