@@ -1,7 +1,7 @@
 """nanocore: a small, readable, fast LLM inference engine whose performance levers are plugins."""
 from nanocore.hookspecs import hookimpl
 
-__version__ = "1.4.0"
+__version__ = "1.5.0"
 
 __all__ = ["hookimpl", "LLM", "SamplingParams", "EngineConfig", "__version__"]
 

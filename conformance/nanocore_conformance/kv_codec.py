@@ -47,6 +47,7 @@ class KVCodecConformance(BackendContractConformance):
     #: Requirements: head dims to try (a group-scaled codec needs multiples of its group size).
     head_dims: ClassVar[tuple[int, ...]] = (32, 64, 128)
     block_sizes: ClassVar[tuple[int, ...]] = (4, 16)
+    requirement_names = ("head_dims", "block_sizes")
 
     def codec(self, backend_cls, options):
         return backend_cls(options)

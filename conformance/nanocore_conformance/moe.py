@@ -94,6 +94,7 @@ class MoEExecutorConformance(BackendContractConformance):
     #: Requirements: multiples the executor needs for hidden (H) and intermediate (I) sizes.
     hidden_multiple: ClassVar[int] = 8
     intermediate_multiple: ClassVar[int] = 8
+    requirement_names = ("hidden_multiple", "intermediate_multiple")
 
     def _check(self, backend_cls, options, dtype, device, shape, seed, activation, weight_format="float"):
         args = oracle_args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, seed)

@@ -56,6 +56,7 @@ class PrefixCacheConformance(BackendContractConformance):
     num_blocks: ClassVar[int] = 14
     max_seq_blocks: ClassVar[int] = 6
     stateful_steps: ClassVar[int] = 30
+    requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps")
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.sequence import Sequence, SequenceStatus
@@ -44,6 +45,8 @@ class Scheduler:
         self.num_preemptions = 0
         self.num_cached_tokens = 0  # prompt tokens found in the prefix cache at first admission
         self.peak_running = 0  # most sequences running at once (benchmarks reset it)
+        self.num_steps = 0  # steps planned so far: the policy's ``state.step``
+        self.waiting_since: dict[int, int] = {}  # seq id -> first step of its current wait (``state.steps_waited``)
 
     # ---- admission -----------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -66,6 +69,7 @@ class Scheduler:
         self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        self.waiting_since[seq.seq_id] = self.num_steps
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -74,15 +78,19 @@ class Scheduler:
     def schedule(self) -> ScheduledBatch:
         """Decide, validate and allocate one step. Preempts (and asks the policy again) when KV runs out."""
         hide_waiting = False  # set when admissions did not fit: ask the policy for running work only
+        since, retry = MappingProxyType(self.waiting_since), False
         while True:
             budget = StepBudget(self.max_num_batched_tokens, self.max_num_seqs,
                                 self.block_manager.num_free_blocks, self.block_manager.block_size)
             waiting = [] if hide_waiting else list(self.waiting)
-            decision = self.policy.schedule(SchedulerState(waiting, list(self.running)), budget)
+            state = SchedulerState(waiting, list(self.running), self.num_steps, retry, since)
+            decision, retry = self.policy.schedule(state, budget), True
             self._validate(decision, budget, waiting)
             preempted_before = self.num_preemptions
             batch, admission_failed = self._apply(decision)
             if batch.seqs:
+                self.num_steps += 1
+                self.waiting_since.update((seq.seq_id, self.num_steps) for seq in batch.seqs)
                 return batch
             if self.num_preemptions > preempted_before:
                 continue
@@ -207,6 +215,7 @@ class Scheduler:
 
     # ---- after the step ------------------------------------------------------------------
     def finish(self, seq: Sequence) -> None:
+        self.waiting_since.pop(seq.seq_id, None)
         self.block_manager.free(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -216,5 +225,6 @@ class Scheduler:
             self.finish(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self.waiting_since.pop(seq.seq_id, None)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or "abort"

@@ -44,6 +44,18 @@ class DecodeFirstChunk8(DecodeFirstPolicy):
     bound_options = {"chunk_size": 8}
 
 
+class AgingShortestFirst(FifoPrefillFirst):
+    """Shortest waiting prompt first, but one passed over 3 steps goes to the front: aging read from the state
+    (``steps_waited``, API 1.5), no counters of its own."""
+
+    conformance_requirements = {"admission_order": None}
+
+    def schedule(self, state, budget):
+        aged = [s for s in state.waiting if state.steps_waited(s) >= 3]
+        rest = sorted((s for s in state.waiting if s not in aged), key=lambda seq: seq.num_prompt_tokens)
+        return super().schedule(replace(state, waiting=[*aged, *rest]), budget)
+
+
 class ShortestPromptFirst(FifoPrefillFirst):
     """Admits the shortest waiting prompt first: a long prompt starves while short ones keep arriving."""
 
@@ -140,7 +152,7 @@ class RotatesDecodesPerCall(FifoPrefillFirst):
         return super().schedule(SchedulerState(state.waiting, running), budget)
 
 
-CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8]
+CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8, AgingShortestFirst]
 MUTANTS = [ShortestPromptFirst, IgnoresTokenBudget, IgnoresMaxNumSeqs, SchedulesTwice, SchedulesZeroTokens,
            ChunkFromPromptLength, AdvancesSequences, PopsAdmittedFromWaiting, RotatesDecodesPerCall]
 bind_all(globals(), SchedulerPolicyConformance, CORRECT + MUTANTS)
