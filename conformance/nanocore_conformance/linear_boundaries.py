@@ -132,5 +132,7 @@ class LinearBoundaryConformance:
                 for name in names:
                     x = x_in[name].chunk(tp, dim=-1)[rank] if name in ROW_PARALLEL else x_in[name]
                     where = f"{case.label(group)}: {name} (tp rank {rank} of {tp}, {shape})"
+                    # elementwise bounds only: over hundreds of rows, the gain regression would see round-to-nearest's
+                    # slight pull toward zero (fp8: densities fall within a binade) as a scale error
                     self._compare(layers[name], oracles[name], step_layers[name].weight,
-                                  x.to(dtype=dtype, device=device), scheme, where)
+                                  x.to(dtype=dtype, device=device), scheme, where, check_gain=False)
