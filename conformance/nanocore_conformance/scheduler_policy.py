@@ -22,6 +22,7 @@ from nanocore.interfaces import SchedulerState, StepBudget
 from nanocore_conformance.base import suite_settings
 from nanocore_conformance.compat import targeted_minor, warn_legacy
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.scheduler_driver import ABORT_PHASES as DRIVER_ABORT_PHASES
 from nanocore_conformance.scheduler_driver import (
     SchedulerDriver,
     check_arrival_order,
@@ -30,6 +31,7 @@ from nanocore_conformance.scheduler_driver import (
     make_prompt,
     registered,
 )
+from nanocore_conformance.scheduler_sim import ABORT_PHASES as SIM_ABORT_PHASES
 from nanocore_conformance.scheduler_sim import FakeSequence, decide_twice, simulate
 
 
@@ -42,6 +44,10 @@ def fixed_state(decodes_only: bool = False) -> SchedulerState:
     running.append(FakeSequence(3, 3, 50, 50, 32, 2, 5))
     return SchedulerState(waiting=[FakeSequence(4, 4, 9, 9, 0, 0, 5), FakeSequence(5, 5, 30, 30, 0, 0, 5)],
                           running=running)
+
+
+#: Arrivals for the abort checks: a long prompt that needs several chunks, short ones, later arrivals.
+ABORT_ARRIVALS = [(0, 40, 6), (0, 12, 6), (1, 30, 4), (2, 5, 3), (3, 20, 5), (5, 9, 4)]
 
 
 def greedy_arrivals() -> list[tuple[int, list[int], int]]:
@@ -106,6 +112,21 @@ class SchedulerPolicyConformance(BackendContractConformance):
         # four 4-token prompts arrive every step, enough to fill the budget alone, behind one long prompt
         arrivals = [(0, 40, 2)] + [(step, 4, 1) for step in range(48) for _ in range(4)]
         simulate(backend_cls(backend_options), arrivals, 16, 4, 16, strict_retries)
+
+    @pytest.mark.parametrize("budget", [(8, 2), (16, 4)])
+    def test_aborted_sequences_are_never_scheduled_again(self, backend_cls, backend_options, strict_retries, budget):
+        # a 40-token prompt is prefilled in chunks; one sequence is aborted waiting, one mid-prefill, one mid-decode
+        simulate(backend_cls(backend_options), ABORT_ARRIVALS, *budget, 4, strict_retries, tuple(SIM_ABORT_PHASES))
+
+    def test_real_scheduler_aborts_at_every_phase(self, backend_cls, backend_options):
+        # as above through the real Scheduler, with a forced preemption so a preempted sequence is aborted too
+        driver = SchedulerDriver(backend_cls(backend_options), 8, 2, 4, 32)
+        result = driver.run(ABORT_ARRIVALS, frozenset({4}), tuple(DRIVER_ABORT_PHASES))
+        gone = {seq_id for seq_id, how in driver.checker.gone.values() if how.startswith("aborted")}
+        for i, (_, p, o) in enumerate(ABORT_ARRIVALS):
+            if i not in gone:
+                assert result.outputs[i] == expected_outputs(make_prompt(i, p), o), (
+                    f"request {i} produced other tokens than an unscheduled run after others were aborted")
 
     def test_empty_state_gives_empty_decision(self, backend_cls, backend_options):
         decision = backend_cls(backend_options).schedule(SchedulerState((), ()), StepBudget(16, 4, 10, 4))

@@ -25,6 +25,8 @@ class FakeSequence:
     num_computed_tokens: int
     num_blocks: int
     max_output_tokens: int
+    #: Why it left the queues before finishing ("aborted mid-prefill at step 3"), or None.
+    gone: str | None = None
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -32,7 +34,7 @@ class FakeSequence:
 
     @property
     def finished(self) -> bool:
-        return self.num_tokens - self.num_prompt_tokens >= self.max_output_tokens
+        return self.gone is not None or self.num_tokens - self.num_prompt_tokens >= self.max_output_tokens
 
     @property
     def remaining_work(self) -> int:
@@ -45,6 +47,10 @@ def check_decision(decision, state, budget) -> None:
     seen, blocks = set(), 0
     for item in decision.items:
         seq = item.seq
+        if id(seq) not in known and getattr(seq, "gone", None):
+            raise AssertionError(
+                f"policy scheduled sequence {seq.seq_id}, which was {seq.gone}; a decision names only sequences in "
+                f"state.waiting or state.running now: forget a sequence once it leaves them (abort, finish)")
         assert id(seq) in known, f"decision schedules sequence {getattr(seq, 'seq_id', seq)!r}, which was not given"
         assert id(seq) not in seen, f"decision schedules sequence {seq.seq_id} twice; list each sequence once"
         seen.add(id(seq))
@@ -106,8 +112,31 @@ def wait_bound(ahead: list[FakeSequence], budget: StepBudget) -> int:
     return 1 + sum(s.remaining_work for s in ahead) + budget.max_num_batched_tokens
 
 
-def simulate(policy, arrivals, max_num_batched_tokens, max_num_seqs, block_size, strict: bool = True) -> int:
-    """Run ``arrivals`` [(step, prompt_len, output_len)] to completion; return the number of steps."""
+#: Where a sequence may be when it is aborted (or finishes early, e.g. on a stop string).
+ABORT_PHASES = {
+    "waiting": lambda seq, running: not running and seq.num_computed_tokens == 0,
+    "mid-prefill": lambda seq, running: running and 0 < seq.num_computed_tokens < seq.num_prompt_tokens,
+    "mid-decode": lambda seq, running: running and seq.num_tokens > seq.num_prompt_tokens,
+}
+
+
+def abort_first(phase: str, waiting: list, running: list, step: int) -> int:
+    """Abort the first sequence in ``phase`` (removed from its queue, as the core does); returns blocks freed."""
+    for queue, is_running in ((running, True), (waiting, False)):
+        for seq in queue:
+            if ABORT_PHASES[phase](seq, is_running):
+                queue.remove(seq)
+                seq.gone = f"aborted {phase} at step {step}"
+                freed, seq.num_blocks = seq.num_blocks, 0
+                return freed
+    return 0
+
+
+def simulate(policy, arrivals, max_num_batched_tokens, max_num_seqs, block_size, strict: bool = True,
+             aborts: tuple[str, ...] = ()) -> int:
+    """Run ``arrivals`` [(step, prompt_len, output_len)] to completion; return the number of steps. Each phase in
+    ``aborts`` aborts one sequence, the first time one is in it."""
+    pending = list(aborts)
     sequences = [FakeSequence(i, i, p, p, 0, 0, o) for i, (_, p, o) in enumerate(arrivals)]
     num_free_blocks = sum(-(-(s.num_prompt_tokens + s.max_output_tokens) // block_size) for s in sequences)
     waiting, running, step = [], [], 0
@@ -115,6 +144,7 @@ def simulate(policy, arrivals, max_num_batched_tokens, max_num_seqs, block_size,
     since: dict[int, int] = {}  # seq id -> first step of its current wait (the state's waiting_since)
     max_steps = sum(p + o for _, p, o in arrivals) + max(a for a, _, _ in arrivals) + 1
     while any(not s.finished for s in sequences):
+        assert not pending or step <= max_steps // 2 + 1, f"the run never had a sequence to abort {pending}"
         assert step <= max_steps, f"no progress after {step} steps (waiting {len(waiting)}, running {len(running)})"
         budget = StepBudget(max_num_batched_tokens, max_num_seqs, num_free_blocks, block_size)
         for seq, (arrive, _, _) in zip(sequences, arrivals):
@@ -123,6 +153,11 @@ def simulate(policy, arrivals, max_num_batched_tokens, max_num_seqs, block_size,
                 since[seq.seq_id] = step
                 waiting.append(seq)
         step += 1
+        for phase in list(pending):
+            before = len(waiting) + len(running)
+            num_free_blocks += abort_first(phase, waiting, running, step - 1)
+            if len(waiting) + len(running) < before:
+                pending.remove(phase)
         if not waiting and not running:
             continue
         state = SchedulerState(list(waiting), list(running), step - 1, False, MappingProxyType(dict(since)))
