@@ -40,7 +40,8 @@ refuses an option the signature lacks). The returned tensors must load back thro
 
 ``conformance_requirements`` a method may declare (a class attribute dict, applied by every conformance class):
 ``{"input_size_multiple": 128, "output_size_multiple": 8}``, the multiples of K and of each output partition its
-layout needs (group size, packing); default 1.
+layout needs (group size, packing; default 1), and ``"m_thresholds": (16, 128)``, the row counts M at which ``apply``
+switches kernels (GEMV, split-K, tiles; each side of each is tested; since 1.5).
 """
 from __future__ import annotations
 
