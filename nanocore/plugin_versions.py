@@ -84,3 +84,18 @@ def compatibility_problem(kind: str, name: str, cls: type, plugin: str, distribu
         logger.warning(message)
         warnings.warn(message, DeprecationWarning, stacklevel=2)
     return None
+
+
+def targeted_api_version(cls: type, requires: list[str] | None = None) -> tuple[int, int]:
+    """(major, minor) of the plugin API a backend was written for: its own ``api_version``, else the lowest nanocore
+    its distribution admits (``nanocore>=1.1``), else this core's. Rules added in later minors spare older ones."""
+    declared = declared_api_version(cls)
+    if declared is None and requires:
+        requirement = nanocore_requirement(requires)
+        floors = [s.version for s in (requirement.specifier if requirement else ()) if s.operator in (">=", "~=", "==")]
+        declared = floors[0] if floors else None
+    try:
+        major, minor = (int(part) for part in (declared or API_VERSION).split(".")[:2])
+    except ValueError:
+        major, minor = (int(part) for part in API_VERSION.split("."))
+    return major, minor

@@ -51,6 +51,14 @@ def test_generated_layout(tmp_path, monkeypatch):
         compile(path.read_text(), str(path), "exec")
 
 
+def test_templates_carry_only_what_their_kind_needs(tmp_path):
+    for kind in KINDS:
+        root = write_plugin(f"only_{kind}", kind, tmp_path / kind)
+        # the Triton-interpreter conftest serves the KV layout checks (the core's paged attention) alone
+        assert (root / "tests" / "conftest.py").exists() == (kind == "kv_codec"), kind
+        assert "conformance_requirements" in (root / "tests" / "test_conformance.py").read_text()
+
+
 def test_generated_plugins_are_listed_once_installed(installed_plugins):
     _, env = installed_plugins
     out = run(sys.executable, "-m", "nanocore.cli.main", "plugins", "--json", env=env).stdout

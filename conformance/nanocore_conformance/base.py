@@ -77,6 +77,26 @@ class BackendConformance:
     kind: ClassVar[str] = ""
     #: The backend under test: a registered name or ``"distribution:name"``. Set by your test class.
     backend: ClassVar[str] = ""
+    #: Class attributes a backend may also set through its ``conformance_requirements`` dict (per kind).
+    requirement_names: ClassVar[tuple[str, ...]] = ()
+
+    @pytest.fixture(autouse=True)
+    def declared_requirements(self, backend_cls) -> dict[str, Any]:
+        """The backend's ``conformance_requirements`` applied to this test (they win over the class's own), so a
+        generated or scaffolded class tests what the backend declares."""
+        declared = getattr(backend_cls, "conformance_requirements", None) or {}
+        if not self.requirement_names:
+            return declared  # a contract-only class reads none of them
+        if not isinstance(declared, dict):
+            pytest.fail(f"{backend_cls.__name__}.conformance_requirements must be a dict, got {declared!r}",
+                        pytrace=False)
+        unknown = sorted(set(declared) - set(self.requirement_names))
+        if unknown:
+            pytest.fail(f"{backend_cls.__name__}.conformance_requirements has {unknown}, which a {self.kind} cannot "
+                        f"declare; it may declare {list(self.requirement_names) or 'nothing'}", pytrace=False)
+        for name, value in declared.items():
+            setattr(self, name, value)
+        return declared
 
     @pytest.fixture
     def backend_entry(self) -> BackendEntry:

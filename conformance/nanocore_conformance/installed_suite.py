@@ -1,8 +1,8 @@
 """The suite for every installed backend: one generated test class per (kind, backend).
 
 Run by ``nanocore conformance``; ``NANOCORE_CONFORMANCE_KIND`` / ``NANOCORE_CONFORMANCE_NAME`` narrow it.
-A backend class may declare ``conformance_requirements = {"input_size_multiple": 128}``: class attributes
-of the generated test class, as a hand-written ``tests/test_conformance.py`` would set them.
+A backend class may declare ``conformance_requirements = {"input_size_multiple": 128}``: every conformance class
+(generated here, hand-written or scaffolded) applies them, over its own class attributes.
 """
 from __future__ import annotations
 
@@ -32,9 +32,8 @@ def generate() -> dict[str, type]:
                 # a duplicated name is tested per distribution (and fails the uniqueness check)
                 backend = entry.qualified_name if len(entries) > 1 else name
                 if _selected(kind, name, entry.qualified_name):
-                    # requirements a backend declares for the generated class (e.g. input_size_multiple)
-                    attrs = {"backend": backend, **getattr(entry.cls, "conformance_requirements", {})}
-                    classes[_class_name(kind, backend)] = type(_class_name(kind, backend), (base,), attrs)
+                    # the backend's conformance_requirements are applied by the base class, as for any test class
+                    classes[_class_name(kind, backend)] = type(_class_name(kind, backend), (base,), {"backend": backend})
     for failure in registry.failures:
         if not os.environ.get("NANOCORE_CONFORMANCE_KIND") and _selected("", failure.plugin, failure.distribution):
             classes[_class_name("failed_plugin", failure.plugin)] = _failed_plugin_class(failure)

@@ -15,6 +15,7 @@ from nanocore.layers.attention import paged_attention_reference
 from nanocore_conformance.base import (MAX_EXAMPLES, assert_close, check_tolerance_declaration, generator,
                                        suite_settings)
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.kv_codec_boundaries import KVCodecBoundaryConformance
 from nanocore_conformance.kv_codec_cases import (ShadowCache, attention_inputs, engine_sequences, oracle_attention,
                                                  prefill_then_decode, scattered_writes)
 from nanocore_conformance.kv_codec_layout import check_allocation, layout_bytes_per_token, read_like_core
@@ -42,11 +43,12 @@ def core_kernel_unavailable(device: torch.device) -> str | None:
     return None
 
 
-class KVCodecConformance(BackendContractConformance):
+class KVCodecConformance(KVCodecBoundaryConformance, BackendContractConformance):
     kind = "kv_codec"
     #: Requirements: head dims to try (a group-scaled codec needs multiples of its group size).
     head_dims: ClassVar[tuple[int, ...]] = (32, 64, 128)
     block_sizes: ClassVar[tuple[int, ...]] = (4, 16)
+    requirement_names = ("head_dims", "block_sizes")
 
     def codec(self, backend_cls, options):
         return backend_cls(options)

@@ -59,6 +59,13 @@ def realistic_weight(rows: int, cols: int, g: torch.Generator, block: int = 32) 
     return w * cols ** -0.5
 
 
+def random_activations(*shape: int, g: torch.Generator) -> torch.Tensor:
+    """Tokens of different norms with some loud channels, as hidden states are (per-token scales matter)."""
+    channel = torch.exp(torch.empty(shape[-1]).uniform_(-1.0, 1.0, generator=g))
+    token = torch.exp(torch.empty(*shape[:-1], 1).uniform_(-1.0, 1.0, generator=g))
+    return torch.randn(*shape, generator=g) * channel * token
+
+
 def build_layers(method_factory, shape: LayerShape, tp_rank: int, tp_size: int, dtype, device) -> dict[str, LinearBase]:
     """qkv_proj, o_proj, gate_up_proj, down_proj of rank ``tp_rank``; one method instance per layer."""
     parallel = ParallelContext(tp_rank=tp_rank, tp_size=tp_size)

@@ -61,7 +61,10 @@ def moe_case(shape, hidden_multiple, intermediate_multiple, dtype, device, seed)
     h, i = shape.get("hidden_units", 2) * hidden_multiple, shape.get("intermediate_units", 2) * intermediate_multiple
     g = generator(seed)
     x = randn(m, h, seed_gen=g, dtype=dtype, device=device)
-    topk_weights = torch.rand(m, k, generator=g).to(dtype=dtype, device=device)
+    topk_weights = torch.rand(m, k, generator=g)
+    if shape.get("renormalize"):  # the router's top-k renormalised to sum 1 (else raw probabilities)
+        topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
+    topk_weights = topk_weights.to(dtype=dtype, device=device)
     topk_ids = torch.randint(0, e, (m, k), generator=g)
     if "skew" in shape:
         topk_ids = skewed_routing(shape, g)
@@ -71,6 +74,17 @@ def moe_case(shape, hidden_multiple, intermediate_multiple, dtype, device, seed)
     w13 = randn(e, 2 * i, h, seed_gen=g, dtype=dtype, device=device, scale=h ** -0.5)
     w2 = randn(e, h, i, seed_gen=g, dtype=dtype, device=device, scale=i ** -0.5)
     return x, topk_weights, topk_ids.to(device), w13, w2
+
+
+#: Token counts on each side of sizes executors switch at (GEMV, 16- to 256-row tiles), each with top_k 1..8 and the
+#: router's weights renormalised or not, pairwise: explicit cases on every run.
+BOUNDARY_TOKENS = (1, 2, 16, 17, 64, 65, 128, 129, 256, 257)
+
+
+def boundary_moe_shapes(thresholds=()) -> list[dict]:
+    tokens = sorted({*BOUNDARY_TOKENS, *(m for t in thresholds for m in (t - 1, t, t + 1) if m >= 1)})
+    return [{"tokens": m, "experts": (8, 64)[i % 2], "top_k": (1, 2, 4, 8)[i % 4], "skew": (0.0, 2.0)[i // 2 % 2],
+             "dropped": i % 3 == 0, "renormalize": i // 4 % 2 == 0} for i, m in enumerate(tokens)]
 
 
 def fp8_channel_case(args, seed: int):
@@ -94,6 +108,9 @@ class MoEExecutorConformance(BackendContractConformance):
     #: Requirements: multiples the executor needs for hidden (H) and intermediate (I) sizes.
     hidden_multiple: ClassVar[int] = 8
     intermediate_multiple: ClassVar[int] = 8
+    #: Token counts at which the executor switches strategies: each side of each gets a boundary case.
+    token_thresholds: ClassVar[tuple[int, ...]] = ()
+    requirement_names = ("hidden_multiple", "intermediate_multiple", "token_thresholds")
 
     def _check(self, backend_cls, options, dtype, device, shape, seed, activation, weight_format="float"):
         args = oracle_args = moe_case(shape, self.hidden_multiple, self.intermediate_multiple, dtype, device, seed)
@@ -110,7 +127,8 @@ class MoEExecutorConformance(BackendContractConformance):
             exact = EagerMoEExecutor().apply(x, topk_weights, topk_ids, w13, w2, activation=activation)
             nearer = (out.float() - exact).abs() < (out.float() - expected.float()).abs()
             expected = torch.where(nearer, exact, expected.float())
-        where = f"M={args[0].shape[0]} tokens, E={args[3].shape[0]} experts, top_k={args[2].shape[1]}"
+        where = (f"M={args[0].shape[0]} tokens, E={args[3].shape[0]} experts, top_k={args[2].shape[1]}"
+                 f"{', weights renormalised' if shape.get('renormalize') else ''}")
         # fp8 rows carry gains up to 4x in both layers: outputs (and every bf16 rounding inside) grow with them, so
         # the absolute tolerance follows the output's rms (an element that cancels to near 0 keeps its terms' error)
         atol_scale = max(1.0, float(expected.float().pow(2).mean().sqrt())) if weight_format != "float" else 1.0
@@ -138,6 +156,11 @@ class MoEExecutorConformance(BackendContractConformance):
     def test_apply_matches_eager(self, backend_cls, backend_options, dtype, device, shape, seed, data):
         activation = data.draw(st.sampled_from(list(backend_cls.activations)))
         self._check(backend_cls, backend_options, dtype, device, shape, seed, activation)
+
+    def test_token_count_boundaries_match_eager(self, backend_cls, backend_options, dtype, device):
+        for seed, shape in enumerate(boundary_moe_shapes(self.token_thresholds)):
+            activation = backend_cls.activations[seed % len(backend_cls.activations)]
+            self._check(backend_cls, backend_options, dtype, device, shape, seed, activation)
 
     @batch_settings
     @given(shape=batch_shapes, seed=st.integers(0, 2**31 - 1))

@@ -16,6 +16,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from nanocore_conformance.base import MAX_EXAMPLES
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.prefix_cache_boundaries import PrefixCacheBoundaryConformance
 from nanocore_conformance.prefix_cache_machine import VOCAB, BlockManagerModel
 
 SCENARIO_BLOCKS = 64
@@ -48,7 +49,7 @@ def release_all(cache, blocks: list[int]) -> list[bool]:
     return [cache.release(b) for b in reversed(blocks)][::-1]  # tail first, as the BlockManager frees
 
 
-class PrefixCacheConformance(BackendContractConformance):
+class PrefixCacheConformance(PrefixCacheBoundaryConformance, BackendContractConformance):
     kind = "prefix_cache"
     #: Block sizes of the fixed scenarios and the stateful run (the engine's default is 16).
     block_sizes: ClassVar[tuple[int, ...]] = (16, 32)
@@ -56,6 +57,7 @@ class PrefixCacheConformance(BackendContractConformance):
     num_blocks: ClassVar[int] = 14
     max_seq_blocks: ClassVar[int] = 6
     stateful_steps: ClassVar[int] = 30
+    requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps")
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)

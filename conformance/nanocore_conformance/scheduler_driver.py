@@ -46,6 +46,42 @@ class DriveResult:
     max_batch_tokens: int = 0
 
 
+class DecisionChecker:
+    """Stands between the Scheduler and the policy: every decision (re-asks too) names only sequences of the state it
+    got, once, for 1..uncomputed tokens, within the token and sequence budgets; one naming a sequence that was
+    aborted or finished fails naming it and where it was."""
+
+    def __init__(self, policy):
+        self.policy, self.name = policy, policy.name or type(policy).__name__
+        self.gone: dict[int, tuple[int, str]] = {}  # id(seq) -> (seq id, how it left)
+
+    def schedule(self, state, budget):
+        decision = self.policy.schedule(state, budget)
+        known, seen = {id(s) for s in (*state.waiting, *state.running)}, set()
+        for item in decision.items:
+            key = id(item.seq)
+            if key in self.gone:
+                seq_id, how = self.gone[key]
+                raise AssertionError(f"policy scheduled sequence {seq_id}, which was {how}; a decision names only "
+                                     f"sequences in state.waiting or state.running now: forget one once it leaves them")
+            assert key in known and key not in seen, (
+                f"policy scheduled sequence {item.seq.seq_id} {'twice' if key in seen else 'which it was not given'}")
+            seen.add(key)
+            assert 1 <= item.num_tokens <= item.seq.num_uncomputed_tokens, (
+                f"sequence {item.seq.seq_id}: {item.num_tokens} tokens of {item.seq.num_uncomputed_tokens} uncomputed")
+        assert sum(i.num_tokens for i in decision.items) <= budget.max_num_batched_tokens, "over the token budget"
+        assert len(decision.items) <= budget.max_num_seqs, "over max_num_seqs"
+        return decision
+
+
+#: Where a sequence may be when it is aborted (given the sequence and whether it ran before).
+ABORT_PHASES = {
+    "mid-prefill": lambda seq, ran: seq.status is SequenceStatus.RUNNING and seq.num_output_tokens == 0,
+    "mid-decode": lambda seq, ran: seq.status is SequenceStatus.RUNNING and seq.num_output_tokens > 0,
+    "preempted": lambda seq, ran: seq.status is SequenceStatus.WAITING and ran,
+}
+
+
 class SchedulerDriver:
     """The engine's step loop with a fake model: schedule -> write KV -> read context -> sample -> finish."""
 
@@ -54,7 +90,9 @@ class SchedulerDriver:
         registry = get_registry()
         prefix_cache = registry.instantiate(registry.get("prefix_cache", "none"), None, block_size, num_blocks)
         self.block_manager = BlockManager(num_blocks, block_size, prefix_cache)
-        self.scheduler = Scheduler(policy, self.block_manager, max_num_seqs, max_num_batched_tokens, max_model_len)
+        self.checker = DecisionChecker(policy)
+        self.scheduler = Scheduler(self.checker, self.block_manager, max_num_seqs, max_num_batched_tokens,
+                                   max_model_len)
         self.kv: list[int | None] = [None] * (num_blocks * block_size)
         self.progress: dict[int, int] = {}  # seq id -> tokens it has computed, as this driver saw them
 
@@ -77,9 +115,12 @@ class SchedulerDriver:
         bs = self.block_manager.block_size
         return seq.block_table[position // bs] * bs + position % bs
 
-    def run(self, arrivals: list[tuple[int, int, int]], preempt_at: frozenset[int] = frozenset()) -> DriveResult:
+    def run(self, arrivals: list[tuple[int, int, int]], preempt_at: frozenset[int] = frozenset(),
+            aborts: tuple[str, ...] = ()) -> DriveResult:
         """``arrivals`` [(step, prompt_len, output_len)]; runs to completion, checking every step. Before the
-        steps in ``preempt_at`` the latest running arrival is preempted, as KV pressure from outside would."""
+        steps in ``preempt_at`` the latest running arrival is preempted, as KV pressure from outside would. Each
+        phase in ``aborts`` aborts the first sequence found in it (``ABORT_PHASES``)."""
+        pending = list(aborts)
         seqs = [Sequence(i, i, make_prompt(i, p), SamplingParams(max_tokens=o, ignore_eos=True), o)
                 for i, (_, p, o) in enumerate(arrivals)]
         result = DriveResult(0, 0, {})
@@ -100,8 +141,10 @@ class SchedulerDriver:
             step += 1
             if step in preempt_at and self.scheduler.running:
                 self.preempting(self.scheduler.preempt_latest)  # the core's own path, forced at any state
+            pending = [phase for phase in pending if not self.abort_first(phase, seqs, result, step)]
             if self.scheduler.has_unfinished():
                 self.step(step, result)
+        assert not pending, f"the run never had a sequence to abort {pending}"
         assert self.block_manager.num_free_blocks == self.block_manager.num_blocks, "blocks leaked after the run"
         result.steps, result.num_preemptions = step, self.scheduler.num_preemptions
         result.outputs = {s.seq_id: s.output_token_ids for s in seqs}
@@ -130,6 +173,17 @@ class SchedulerDriver:
         output = StepOutput([r.seq_id for r in plan.rows if r.samples], sampled)
         for seq in self.scheduler.update(plan, output, stop_at_max_tokens):
             self.progress.pop(seq.seq_id, None)
+            self.checker.gone[id(seq)] = (seq.seq_id, f"finished at step {step}")
+
+    def abort_first(self, phase: str, seqs: list[Sequence], result: DriveResult, step: int) -> bool:
+        """Abort the first sequence in ``phase``, as a client disconnect does; whether there was one."""
+        for seq in seqs:
+            if ABORT_PHASES[phase](seq, seq.seq_id in result.first_admitted):
+                self.scheduler.abort(seq)
+                self.progress.pop(seq.seq_id, None)
+                self.checker.gone[id(seq)] = (seq.seq_id, f"aborted {phase} at step {step}")
+                return True
+        return False
 
     def check_batch(self, batch) -> None:
         s = self.scheduler

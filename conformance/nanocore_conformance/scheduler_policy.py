@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 
 from nanocore.interfaces import SchedulerState, StepBudget
 from nanocore_conformance.base import suite_settings
+from nanocore_conformance.compat import targeted_minor, warn_legacy
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.scheduler_driver import ABORT_PHASES as DRIVER_ABORT_PHASES
 from nanocore_conformance.scheduler_driver import (
     SchedulerDriver,
     check_arrival_order,
@@ -29,6 +31,7 @@ from nanocore_conformance.scheduler_driver import (
     make_prompt,
     registered,
 )
+from nanocore_conformance.scheduler_sim import ABORT_PHASES as SIM_ABORT_PHASES
 from nanocore_conformance.scheduler_sim import FakeSequence, decide_twice, simulate
 
 
@@ -43,6 +46,10 @@ def fixed_state(decodes_only: bool = False) -> SchedulerState:
                           running=running)
 
 
+#: Arrivals for the abort checks: a long prompt that needs several chunks, short ones, later arrivals.
+ABORT_ARRIVALS = [(0, 40, 6), (0, 12, 6), (1, 30, 4), (2, 5, 3), (3, 20, 5), (5, 9, 4)]
+
+
 def greedy_arrivals() -> list[tuple[int, list[int], int]]:
     return [(0, make_prompt(0, 37), 12), (0, make_prompt(1, 5), 20), (3, make_prompt(2, 60), 6),
             (4, make_prompt(3, 1), 9), (10, make_prompt(4, 23), 15)]
@@ -54,39 +61,72 @@ def greedy_reference_outputs() -> list[list[int]]:
     return engine_greedy_outputs("prefill_first", {}, greedy_arrivals(), block_size=16, num_kv_blocks=64)
 
 
+def strict_retries(backend_cls, backend_entry) -> bool:
+    """Whether a re-asked step must get the same decision: a rule of API 1.1; a 1.0 policy is told retries apart
+    instead (it may count calls) and warned how to move on."""
+    if targeted_minor(backend_cls, backend_entry) >= (1, 1):
+        return True
+    warn_legacy(backend_cls, "written for plugin API 1.0, whose policies may decide differently when re-asked in one "
+                "step; declare api_version = \"1.5\", age from state.steps_waited(seq) and advance counters of "
+                "your own only when state.retry is False")
+    return False
+
+
 class SchedulerPolicyConformance(BackendContractConformance):
     kind = "scheduler_policy"
     #: The starvation bound a policy declares: "arrival" = no request gets its first tokens before an earlier
     #: arrival, so a request waits only for earlier ones (each of which finishes); None = no promise.
     admission_order: str | None = "arrival"
+    requirement_names = ("admission_order",)
+
+    @pytest.fixture
+    def strict_retries(self, backend_cls, backend_entry) -> bool:
+        return strict_retries(backend_cls, backend_entry)
 
     @suite_settings
     @given(
         budget=st.tuples(st.integers(1, 64), st.integers(1, 8), st.sampled_from([1, 4, 16])),
         data=st.data(),
     )
-    def test_simulated_run_keeps_invariants_and_finishes(self, backend_cls, backend_options, budget, data):
+    def test_simulated_run_keeps_invariants_and_finishes(self, backend_cls, backend_options, strict_retries, budget,
+                                                         data):
         max_tokens, max_seqs, block_size = budget
         arrivals = data.draw(st.lists(
             st.tuples(st.integers(0, 6), st.integers(1, max_tokens), st.integers(1, 6)), min_size=1, max_size=10))
-        simulate(backend_cls(backend_options), arrivals, max_tokens, max_seqs, block_size)
+        simulate(backend_cls(backend_options), arrivals, max_tokens, max_seqs, block_size, strict_retries)
 
-    def test_prompts_filling_the_budget_one_at_a_time(self, backend_cls, backend_options):
+    def test_prompts_filling_the_budget_one_at_a_time(self, backend_cls, backend_options, strict_retries):
         # every prompt fills the whole token budget and only one sequence fits a step
-        simulate(backend_cls(backend_options), [(0, 8, 2)] * 4, 8, 1, 4)
+        simulate(backend_cls(backend_options), [(0, 8, 2)] * 4, 8, 1, 4, strict_retries)
 
     @pytest.mark.parametrize("decodes_only, budget", [
         (False, (24, 3)), (False, (64, 2)), (False, (64, 8)), (False, (16, 8)), (False, (16, 2)),
         (True, (64, 8)), (True, (2, 8)), (True, (64, 2))])
-    def test_fixed_state_decision_is_valid_pure_and_repeatable(self, backend_cls, backend_options, decodes_only,
-                                                              budget):
-        decision = decide_twice(backend_cls(backend_options), fixed_state(decodes_only), StepBudget(*budget, 100, 16))
+    def test_fixed_state_decision_is_valid_pure_and_repeatable(self, backend_cls, backend_options, strict_retries,
+                                                              decodes_only, budget):
+        decision = decide_twice(backend_cls(backend_options), fixed_state(decodes_only), StepBudget(*budget, 100, 16),
+                                strict_retries)
         assert decision.items, "every sequence fits the free blocks, so the decision must not be empty"
 
-    def test_long_prompt_is_not_starved_by_a_stream_of_short_ones(self, backend_cls, backend_options):
+    def test_long_prompt_is_not_starved_by_a_stream_of_short_ones(self, backend_cls, backend_options, strict_retries):
         # four 4-token prompts arrive every step, enough to fill the budget alone, behind one long prompt
         arrivals = [(0, 40, 2)] + [(step, 4, 1) for step in range(48) for _ in range(4)]
-        simulate(backend_cls(backend_options), arrivals, 16, 4, 16)
+        simulate(backend_cls(backend_options), arrivals, 16, 4, 16, strict_retries)
+
+    @pytest.mark.parametrize("budget", [(8, 2), (16, 4)])
+    def test_aborted_sequences_are_never_scheduled_again(self, backend_cls, backend_options, strict_retries, budget):
+        # a 40-token prompt is prefilled in chunks; one sequence is aborted waiting, one mid-prefill, one mid-decode
+        simulate(backend_cls(backend_options), ABORT_ARRIVALS, *budget, 4, strict_retries, tuple(SIM_ABORT_PHASES))
+
+    def test_real_scheduler_aborts_at_every_phase(self, backend_cls, backend_options):
+        # as above through the real Scheduler, with a forced preemption so a preempted sequence is aborted too
+        driver = SchedulerDriver(backend_cls(backend_options), 8, 2, 4, 32)
+        result = driver.run(ABORT_ARRIVALS, frozenset({4}), tuple(DRIVER_ABORT_PHASES))
+        gone = {seq_id for seq_id, how in driver.checker.gone.values() if how.startswith("aborted")}
+        for i, (_, p, o) in enumerate(ABORT_ARRIVALS):
+            if i not in gone:
+                assert result.outputs[i] == expected_outputs(make_prompt(i, p), o), (
+                    f"request {i} produced other tokens than an unscheduled run after others were aborted")
 
     def test_empty_state_gives_empty_decision(self, backend_cls, backend_options):
         decision = backend_cls(backend_options).schedule(SchedulerState((), ()), StepBudget(16, 4, 10, 4))

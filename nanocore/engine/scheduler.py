@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Callable, Iterator
 
 from nanocore.engine.block_manager import BlockManager
@@ -59,6 +60,8 @@ class Scheduler:
         self.num_overlapped_steps = 0  # plans whose forward a look-ahead already ran
         self.num_discarded_lookaheads = 0
         self.peak_running = 0  # most sequences running at once (benchmarks reset it)
+        self.num_steps = 0  # steps planned so far: the policy's ``state.step``
+        self.waiting_since: dict[int, int] = {}  # seq id -> first step of its current wait (``state.steps_waited``)
 
     # ---- admission -----------------------------------------------------------------------
     def check_fits(self, num_prompt_tokens: int, max_tokens: int) -> None:
@@ -68,6 +71,7 @@ class Scheduler:
         self.check_fits(seq.num_prompt_tokens, seq.max_tokens)
         seq.status = SequenceStatus.WAITING
         self.waiting.append(seq)
+        self.waiting_since[seq.seq_id] = self.num_steps
 
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
@@ -79,15 +83,19 @@ class Scheduler:
             self._reset_ids += self.lookahead.undo_blocks(self.block_manager)
             self.discard_lookahead()
         hide_waiting = False  # set when admissions did not fit: ask the policy for running work only
+        since, retry = MappingProxyType(self.waiting_since), False
         while True:
             budget = StepBudget(self.max_num_batched_tokens, self.max_num_seqs,
                                 self.block_manager.num_free_blocks, self.block_manager.block_size)
             waiting = [] if hide_waiting else list(self.waiting)
-            decision = self.policy.schedule(SchedulerState(waiting, list(self.running)), budget)
+            state = SchedulerState(waiting, list(self.running), self.num_steps, retry, since)
+            decision, retry = self.policy.schedule(state, budget), True
             validate_decision(decision, budget, waiting, self.running, self.policy_name)
             preempted_before = self.num_preemptions
             batch, admission_failed = self._apply(decision)
             if batch.seqs:
+                self.num_steps += 1
+                self.waiting_since.update((seq.seq_id, self.num_steps) for seq in batch.seqs)
                 return self._plan(batch)
             if self.num_preemptions > preempted_before:
                 continue
@@ -248,6 +256,7 @@ class Scheduler:
         return finished
 
     def finish(self, seq: Sequence) -> None:
+        self.waiting_since.pop(seq.seq_id, None)
         self.block_manager.free(seq)
         self.running.remove(seq)
         seq.status = SequenceStatus.FINISHED
@@ -258,6 +267,7 @@ class Scheduler:
             self.finish(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+            self.waiting_since.pop(seq.seq_id, None)
             self._finished_ids.append(seq.seq_id)
         seq.status = SequenceStatus.FINISHED
         seq.finish_reason = seq.finish_reason or "abort"

@@ -11,6 +11,10 @@ layout says. The conformance suite checks both, and runs the core kernel (interp
 
 Calls, per layer: ``layout`` and ``bytes_per_token`` at start-up (KV sizing), ``allocate`` once, ``store`` on
 every forward with that step's new tokens, ``gather`` only on the CPU reference path.
+
+``conformance_requirements`` a codec may declare (a class attribute dict, applied by every conformance class):
+``{"head_dims": (128,), "block_sizes": (16,)}``, the head dims and block sizes it supports (defaults (32, 64, 128)
+and (4, 16)).
 """
 from __future__ import annotations
 

@@ -37,6 +37,11 @@ formats (compressed-tensors, fp8, AutoAWQ). ``calibration`` maps a linear's pref
 (``--group-size``) and ``fp8_scale`` (``--fp8-scale``); declare the ones you take as keyword parameters (the CLI
 refuses an option the signature lacks). The returned tensors must load back through ``create_weights`` +
 ``weight_loader`` with this method.
+
+``conformance_requirements`` a method may declare (a class attribute dict, applied by every conformance class):
+``{"input_size_multiple": 128, "output_size_multiple": 8}``, the multiples of K and of each output partition its
+layout needs (group size, packing; default 1), and ``"m_thresholds": (16, 128)``, the row counts M at which ``apply``
+switches kernels (GEMV, split-K, tiles; each side of each is tested; since 1.5).
 """
 from __future__ import annotations
 
@@ -60,7 +65,8 @@ def set_weight_attrs(param: torch.Tensor, attrs: dict[str, Any]) -> None:
 
 class LinearMethod(Backend):
     #: Deprecated for linear methods (kept for 1.0 plugins): the conformance suite derives the tolerance of
-    #: ``apply`` from ``quant_scheme()``, the rounding the format allows, not from what a backend declares.
+    #: ``apply`` from ``quant_scheme()``, the rounding the format allows. A 1.0 method that sets this but does not
+    #: implement ``quant_scheme()`` is held to 1.0's rule with it (atol relative to max |x| |W|^T), and warned.
     tolerance: ClassVar[tuple[float, float]] = (1e-5, 1e-5)
     #: Checkpoint ``quantization_config`` this method loads; ``None`` for plain checkpoints. Kept for 1.0 plugins:
     #: the default ``checkpoint_support`` compares it; a method that loads by scheme overrides that instead.

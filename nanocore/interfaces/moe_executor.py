@@ -22,6 +22,11 @@ device), else it dequantizes to the model dtype at load, as for a 1.0 / 1.1 exec
   and ``w2.float() * w2_scale[..., None]``; the result equals the float formula of ``apply`` on them (in
   ``x.dtype``) within the executor's ``tolerance``. The conformance suite checks it against ``eager`` on the
   dequantized weights.
+
+``conformance_requirements`` an executor may declare (a class attribute dict, applied by every conformance class):
+``{"hidden_multiple": 64, "intermediate_multiple": 64}``, multiples its kernels need of H and I (default 8 each), and
+``"token_thresholds": (64, 256)``, the token counts at which it switches strategies (each side of each is tested;
+since 1.5).
 """
 from __future__ import annotations
 

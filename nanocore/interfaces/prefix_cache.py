@@ -18,6 +18,10 @@ Rules the conformance suite checks with a stateful model of the BlockManager:
 
 Constructor: ``__init__(self, block_size, num_blocks, options=None)``, called positionally by the registry with
 the engine's block size (16 by default) and the number of KV blocks.
+
+``conformance_requirements`` a cache may declare (a class attribute dict, applied by every conformance class):
+``{"block_sizes": (16,)}`` (default (16, 32)); ``num_blocks`` / ``max_seq_blocks`` / ``stateful_steps`` size the
+stateful run (14, 6, 30).
 """
 from __future__ import annotations
 

@@ -11,18 +11,26 @@ all of them):
   ``budget.max_num_batched_tokens`` and ``budget.max_num_seqs``.
 - ``schedule`` may be called several times in one step (after a preemption, or with ``waiting`` hidden when an
   admission did not fit) and must not change the sequences or the state it is given: decide from what it sees.
-  Keep any state of your own consistent across such repeated calls.
+  Such a re-ask has ``state.retry`` True (since 1.5); asked again with the same queues and budget, decide the same.
+  How long a sequence has gone without tokens is in the state (``state.steps_waited(seq)``, since 1.5), so aging
+  needs no counters of the policy's own; a policy that keeps some advances them only when ``state.retry`` is False.
+  (A policy declaring ``api_version = "1.0"`` is held to 1.0's rules: its re-asked decisions may differ.)
 - With nothing running and something waiting, schedule at least one sequence (else the engine cannot progress).
 - Bounded waiting: a waiting request must get its first tokens within a bounded number of steps while requests
   keep arriving; a policy may overtake arrival order, but never starve a request forever.
 
 Constructor: ``__init__(self, options: dict | None = None)`` with the user's ``scheduler_policy_options``.
+
+``conformance_requirements`` a policy may declare (a class attribute dict, read by every conformance class):
+``{"admission_order": None}`` when it may give a later arrival its first tokens before an earlier one (the default
+``"arrival"`` promises it never does; the bounded wait applies either way).
 """
 from __future__ import annotations
 
 from abc import abstractmethod
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from types import MappingProxyType
+from typing import Mapping, Protocol, Sequence
 
 from nanocore.interfaces.base import Backend
 
@@ -47,6 +55,19 @@ class SchedulerState:
     waiting: Sequence[SequenceView]
     #: Admitted sequences holding KV blocks, oldest first.
     running: Sequence[SequenceView]
+    #: Number of the step being planned (0, 1, ...; the same in every call of one step). Since 1.5.
+    step: int = 0
+    #: True when the core asks again in the same step (after a preemption, or with ``waiting`` hidden when an
+    #: admission did not fit): the previous answer was not run as decided. Since 1.5.
+    retry: bool = False
+    #: ``seq_id`` -> first step of its current wait: the step it arrived in, or the one after it last got tokens
+    #: (read-only; ``steps_waited`` reads it). Since 1.5.
+    waiting_since: Mapping[int, int] = field(default_factory=lambda: MappingProxyType({}))
+
+    def steps_waited(self, seq: SequenceView) -> int:
+        """Steps that passed ``seq`` over since it arrived or last got tokens (0 when it arrives now or ran in the
+        previous step). Aging reads this instead of counting calls."""
+        return max(0, self.step - self.waiting_since.get(seq.seq_id, self.step))
 
 
 @dataclass

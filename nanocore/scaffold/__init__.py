@@ -53,8 +53,9 @@ def write_plugin(name: str, kind: str, target: str | Path | None = None) -> Path
         f"{values['package']}/plugin.py": files.PLUGIN,
         f"{values['package']}/backend.py": stubs.HEADER + stubs.BACKENDS[kind],
         "tests/test_conformance.py": files.CONFORMANCE_TEST,
-        "tests/conftest.py": files.CONFTEST,
     }
+    if kind in files.CONFTEST_KINDS:
+        contents["tests/conftest.py"] = files.CONFTEST
     for relative, template in contents.items():
         path = root / relative
         path.parent.mkdir(parents=True, exist_ok=True)

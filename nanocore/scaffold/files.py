@@ -73,13 +73,18 @@ def $hook():
 '''
 
 CONFORMANCE_TEST = '''\
-"""The shared conformance suite, run against this plugin's backend."""
+"""The shared conformance suite, run against this plugin's backend. Requirements the backend declares
+(``conformance_requirements`` on its class; nanocore.interfaces.$kind lists them) apply here too."""
 from nanocore_conformance import $conformance
 
 
 class Test$cls($conformance):
     backend = "$name"
 '''
+
+#: Kinds whose conformance checks run the core's Triton kernels (a KV codec's layout through paged attention),
+#: so their tests need Triton's interpreter on a machine without a GPU; the others get no conftest.
+CONFTEST_KINDS = ("kv_codec",)
 
 CONFTEST = '''\
 """Without a GPU, run Triton kernels (the core attention the conformance suite checks a KV layout through) in

@@ -55,6 +55,17 @@ class WritesSlotMinusOne(UnquantizedKVCodec):
         by_slot(cache.v)[slot_mapping] = v.to(cache.v.dtype)
 
 
+class StoresAtMost128Dims(UnquantizedKVCodec):
+    """A store kernel tiled for head dims up to 128: past that, the dims beyond 128 are never written."""
+
+    def store(self, cache, k, v, slot_mapping):
+        if k.shape[-1] <= 128:
+            return super().store(cache, k, v, slot_mapping)
+        keep = slot_mapping >= 0
+        for x, values in ((k, cache.k), (v, cache.v)):
+            by_slot(values)[slot_mapping[keep], :, :128] = x[keep][..., :128].to(values.dtype)
+
+
 class WritesOneContiguousRun(UnquantizedKVCodec):
     """store writes the batch as one run of slots from the first one: right for a single in-order prefill,
     wrong for decode batches (one token per sequence, each in its own block) and scattered slots."""
@@ -192,7 +203,7 @@ class AccumulatesIntoSlots(UnquantizedKVCodec):
 
 
 CORRECT = [PlainKVCodec, TinyInt8KVCodec]
-MUTANTS = [WritesSlotMinusOne, WritesOneContiguousRun, SortsSlotsFirst, DecodePathWrongBlock, FirstTokenScales,
+MUTANTS = [StoresAtMost128Dims, WritesSlotMinusOne, WritesOneContiguousRun, SortsSlotsFirst, DecodePathWrongBlock, FirstTokenScales,
            ScaleStoredTwiceGatherHalves, HeadsReversed, GroupScalesUnderTokenHeadLayout, TruncatesToInt8,
            ScaleClipsLargest, GatherUsesFirstHeadScale, BytesWithoutScales, AccumulatesIntoSlots]
 bind_all(globals(), KVCodecConformance, CORRECT + MUTANTS)

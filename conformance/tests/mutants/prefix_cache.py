@@ -197,7 +197,33 @@ class MatchesPartialLastBlock(ToyRadixCache):
         return hits
 
 
+class TableSlotKeys(KeyedPrefixCache):
+    """Keys blocks by their chained hash's slot in a 4096-entry table and trusts the slot: no token compare on a hit,
+    so two children of one parent that land in one slot are confused."""
+
+    def block_key(self, parent_key, block_tokens):
+        return hash((parent_key, block_tokens)) % 4096
+
+
+class EvictsInnerBlocksInPlace(ToyRadixCache):
+    """Evicts the earliest-inserted released block, inner or not; an evicted inner block stays in the tree as a
+    pass-through (pruned with its last child), so match() walks through it and returns its id after evicting it."""
+
+    def evict(self):
+        block = next((b for b in self.node_of if b in self.released), None)
+        if block is None:
+            return None
+        del self.released[block]
+        node = self.node_of.pop(block)
+        node["evicted"] = True
+        while node.get("evicted") and not node["children"] and node["parent"] is not None:
+            del node["parent"]["children"][node["key"]]
+            node = node["parent"]
+        return block
+
+
 CORRECT = [KeyedPrefixCache, ChainHashCache, ToyRadixCache, HashPrefixCache, RadixPrefixCache]
 MUTANTS = [HashesHalfBlock, HashesParentOnly, HashesTokensOnly, EvictsReferencedBlocks, ForgetsNothing,
-           KeepsEverything, EvictsBlocksInUse, SiblingsByFirstToken, MatchesPartialLastBlock]
+           KeepsEverything, EvictsBlocksInUse, SiblingsByFirstToken, MatchesPartialLastBlock, TableSlotKeys,
+           EvictsInnerBlocksInPlace]
 bind_all(globals(), PrefixCacheConformance, CORRECT + MUTANTS)

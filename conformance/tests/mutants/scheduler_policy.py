@@ -44,6 +44,46 @@ class DecodeFirstChunk8(DecodeFirstPolicy):
     bound_options = {"chunk_size": 8}
 
 
+class AgingShortestFirst(FifoPrefillFirst):
+    """Shortest waiting prompt first, but one passed over 3 steps goes to the front: aging read from the state
+    (``steps_waited``, API 1.5), no counters of its own."""
+
+    conformance_requirements = {"admission_order": None}
+
+    def schedule(self, state, budget):
+        aged = [s for s in state.waiting if state.steps_waited(s) >= 3]
+        rest = sorted((s for s in state.waiting if s not in aged), key=lambda seq: seq.num_prompt_tokens)
+        return super().schedule(replace(state, waiting=[*aged, *rest]), budget)
+
+
+class ResumesRememberedPrompt(FifoPrefillFirst):
+    """Remembers the prompt it is chunking; when that prompt is missing from the state while it still has KV and
+    prompt tokens left, it assumes the core hid it and resumes it from memory: a prompt aborted mid-prefill is
+    scheduled again."""
+
+    bound_options = {"chunk_size": 4}
+
+    def __init__(self, options=None):
+        super().__init__(options)
+        self.chunking = None
+
+    def schedule(self, state, budget):
+        seq = self.chunking
+        given = {id(s) for s in (*state.waiting, *state.running)}
+        if seq is not None and id(seq) not in given and 0 < seq.num_computed_tokens < seq.num_prompt_tokens:
+            state = replace(state, running=[seq, *state.running])
+        decision = super().schedule(state, budget)
+        self.chunking = next((i.seq for i in decision.items if i.num_tokens < i.seq.num_uncomputed_tokens), seq)
+        return decision
+
+
+class MisspelledRequirement(AgingShortestFirst):
+    """Declares a requirement the suite does not know (a typo): it must fail naming the keys it may declare, not
+    silently test under the default."""
+
+    conformance_requirements = {"admision_order": None}
+
+
 class ShortestPromptFirst(FifoPrefillFirst):
     """Admits the shortest waiting prompt first: a long prompt starves while short ones keep arriving."""
 
@@ -140,7 +180,8 @@ class RotatesDecodesPerCall(FifoPrefillFirst):
         return super().schedule(SchedulerState(state.waiting, running), budget)
 
 
-CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8]
+CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8, AgingShortestFirst]
 MUTANTS = [ShortestPromptFirst, IgnoresTokenBudget, IgnoresMaxNumSeqs, SchedulesTwice, SchedulesZeroTokens,
-           ChunkFromPromptLength, AdvancesSequences, PopsAdmittedFromWaiting, RotatesDecodesPerCall]
+           ChunkFromPromptLength, AdvancesSequences, PopsAdmittedFromWaiting, RotatesDecodesPerCall,
+           ResumesRememberedPrompt, MisspelledRequirement]
 bind_all(globals(), SchedulerPolicyConformance, CORRECT + MUTANTS)

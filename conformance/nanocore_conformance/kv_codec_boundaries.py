@@ -1,0 +1,49 @@
+"""Explicit KV-codec cases on every run: every slot position a block has (its first, its last, a chunk padded with
+-1 at the tail), head dims 64 / 128 / 256, rewrites of written slots, and a long context across many blocks. Each
+store is checked against the declared layout as the random programs are, then ``gather`` against the raw cache."""
+from __future__ import annotations
+
+import torch
+
+from nanocore_conformance.base import assert_close, generator
+from nanocore_conformance.kv_codec_cases import ShadowCache
+from nanocore_conformance.kv_codec_layout import check_allocation, read_like_core
+
+BOUNDARY_HEAD_DIMS = (64, 128, 256)
+#: Blocks of the long context (a 384-token sequence at block size 16).
+LONG_BLOCKS = 24
+
+
+def boundary_programs(block_size: int, num_blocks: int) -> list[tuple[str, list[int]]]:
+    """(name, slot_mapping) of each store, in order."""
+    bs, last = block_size, num_blocks * block_size
+    blocks = list(range(num_blocks))[::-1]  # a sequence's blocks in another order than their ids
+    return [
+        ("the first slot of every block", [b * bs for b in blocks]),
+        ("the last slot of every block", [b * bs + bs - 1 for b in blocks]),
+        ("a chunk ending mid-block, padded with -1", [blocks[1] * bs + i for i in range(bs - 1)] + [-1] * 3),
+        (f"a long context over {num_blocks} blocks", [b * bs + i for b in blocks for i in range(bs)]),
+        ("rewrites of first and last slots", [b * bs + o for b in blocks[::3] for o in (0, bs - 1)] + [-1]),
+        ("one decode token in the last slot", [last - 1]),
+    ]
+
+
+class KVCodecBoundaryConformance:
+    """The cases as a check of ``KVCodecConformance`` (``head_dims`` declared by a codec replace 64 / 128 / 256)."""
+
+    def test_boundary_slots_head_dims_and_long_context(self, backend_cls, backend_options, dtype, device):
+        declared = type(self).__dict__.get("head_dims") or self.__dict__.get("head_dims")
+        for head_dim in declared or BOUNDARY_HEAD_DIMS:
+            for block_size in self.block_sizes:
+                codec = backend_cls(backend_options)
+                layout = codec.layout(dtype)
+                cache = codec.allocate(LONG_BLOCKS, block_size, 1, head_dim, dtype, device)
+                check_allocation(cache, layout, LONG_BLOCKS, block_size, 1, head_dim)
+                shadow = ShadowCache(codec, cache, layout, seed=head_dim + block_size)
+                for name, mapping in boundary_programs(block_size, LONG_BLOCKS):
+                    shadow.store(f"head_dim {head_dim}, block size {block_size}: {name}", mapping, dtype)
+                slots = torch.randperm(LONG_BLOCKS * block_size, generator=generator(head_dim))[:64].to(device)
+                for side, got, want in zip("KV", codec.gather(cache, slots, dtype), read_like_core(cache, slots)):
+                    assert_close(got, want.to(dtype), (1e-30, 2 * torch.finfo(dtype).eps),
+                                 f"head_dim {head_dim}, block size {block_size}: gather {side} differs from the raw "
+                                 f"cache dequantized per the declared layout")
