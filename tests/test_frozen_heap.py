@@ -35,9 +35,11 @@ def test_frozen_for_the_loop_then_unfrozen_and_nested_loops_keep_it():
     with frozen_heap():
         frozen = gc.get_freeze_count()
         assert frozen > 0
+        # frozen objects that die meanwhile (threads earlier tests left behind) lower the count a little; an
+        # unfreeze by the inner loop would take it to 0
         with frozen_heap():
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen  # the inner loop did not unfreeze the outer one's heap
+            assert gc.get_freeze_count() > frozen * 0.99
+        assert gc.get_freeze_count() > frozen * 0.99  # the inner loop did not unfreeze the outer one's heap
     assert gc.get_freeze_count() == 0
 
 

@@ -115,13 +115,14 @@ def test_each_side_of_every_kernel_threshold_matches_the_torch_twin(name):
     from nanocore.bench.linear import build_layer
     from nanocore.plugins import get_registry
     try:
-        cls = get_registry().get("linear_method", name).cls
+        entry = get_registry().get("linear_method", name)
     except Exception as exc:  # the plugin is not installed here
         pytest.skip(f"{name} is not installed: {exc}")
+    cls = entry.cls
     assert cls.kernel_plan == KERNEL_PLANS[METHOD_FORMATS[name]]
     assert cls.kernel_thresholds == switch_points(cls.kernel_plan) and cls.kernel_thresholds
     torch.manual_seed(len(name))
-    method, layer = build_layer(cls, {}, torch.randn(48, 256) * 0.1, torch.float32)
+    method, layer = build_layer(entry, {}, torch.randn(48, 256) * 0.1, torch.float32)
     for t in cls.kernel_thresholds:
         for m in (t, t + 1):
             x = torch.randn(m, 256)
