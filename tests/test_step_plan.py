@@ -5,6 +5,8 @@ import pickle
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from engine_fakes import fake_loaded_model  # noqa: E402
 
@@ -39,3 +41,22 @@ def test_every_plan_of_a_run_is_plain_data_and_survives_the_wire():
         columns = encode_plan(plan)
         assert plain(columns)
         assert decode_plan(pickle.loads(pickle.dumps(columns))) == plan
+
+
+def test_a_malformed_plan_is_a_clear_error_not_a_smaller_batch():
+    llm = LLM("fake", loaded_model=fake_loaded_model(), device="cpu", block_size=4, num_kv_blocks=24,
+              prefix_cache="none", kv_codec="unquantized")
+    llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
+    llm.engine.add_request([4, 5], SamplingParams(max_tokens=2))
+    columns = encode_plan(llm.engine.scheduler.schedule())
+    columns["sampling"] = columns["sampling"][:1]  # one row's sampling lost on the way: zip would drop a row
+    with pytest.raises(ValueError, match="malformed step plan"):
+        decode_plan(columns)
+
+
+def test_keywords_on_a_config_keep_its_model():
+    from nanocore.config import EngineConfig
+
+    config = EngineConfig(model="dummy:tiny-qwen2", device="cpu", num_kv_blocks=64, block_size=16)
+    llm = LLM(config=config, max_num_seqs=3)
+    assert llm.config.model == "dummy:tiny-qwen2" and llm.config.max_num_seqs == 3

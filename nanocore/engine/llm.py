@@ -29,8 +29,8 @@ class LLM:
         if config is None:
             config = EngineConfig.load(model=model, **config_fields)
         elif model is not None or config_fields:  # validated like any keywords; the environment was applied already
-            config = EngineConfig.load(environ={}, **{**config.model_dump(exclude_unset=True), "model": model,
-                                                      **config_fields})
+            config = EngineConfig.load(environ={}, **{**config.model_dump(exclude_unset=True),
+                                                      "model": model or config.model, **config_fields})
         self.config = config
         self.engine = LLMEngine(config, loaded_model=loaded_model)
 

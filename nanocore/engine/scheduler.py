@@ -52,6 +52,7 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.batch = ScheduledBatch([], [])  # the sequences of the latest plan
+        self.plan: StepPlan | None = None  # the latest plan: update() applies only its output
         self.lookahead: Lookahead | None = None
         self._finished_ids: list[int] = []  # since the latest plan: the runner drops their state
         self._reset_ids: list[int] = []  # since the latest plan: block tables freed or cut back
@@ -195,7 +196,7 @@ class Scheduler:
             rows.append(ScheduledRow(seq.seq_id, start, seq.token_ids[start:end], seq.block_table,
                                      end == seq.num_tokens, seq.num_tokens - seq.num_prompt_tokens, seq.sampling))
         plan = StepPlan(rows, self._finished_ids, self._reset_ids)
-        self._finished_ids, self._reset_ids, self.batch = [], [], batch
+        self._finished_ids, self._reset_ids, self.batch, self.plan = [], [], batch, plan
         if self.lookahead is not None:  # the planned step's forward ran: usable if this is exactly its batch
             plan.ahead_rows = self.lookahead.rows_for(batch.seqs, batch.total_tokens)
             if plan.ahead_rows is None:
@@ -241,7 +242,7 @@ class Scheduler:
                 block_manager.publish(seq)
         if len(output.seq_ids) < len(seqs):  # rank 0 samples exactly the rows that reach their newest token
             seqs = [seq for seq, row in zip(seqs, plan.rows) if row.samples]
-        assert len(seqs) == len(output.token_ids), "the output does not answer the latest plan"
+        assert plan is self.plan and len(seqs) == len(output.token_ids), "the output does not answer the latest plan"
         finished = []
         logprobs = output.logprobs
         for i, (seq, token_id) in enumerate(zip(seqs, output.token_ids)):

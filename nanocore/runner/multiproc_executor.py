@@ -132,6 +132,7 @@ class MultiprocExecutor(Executor):
     # ---- each step -----------------------------------------------------------------------------
     def launch(self, plan: StepPlan) -> "Done":
         """Every rank runs ``plan`` (the workers first: the collectives pair up); rank 0 samples."""
+        assert plan.ahead_rows is None, "worker ranks never run a look-ahead: rank 0 would skip a forward they run"
         self.send("execute", encode_plan(plan))
         with self.running_step():
             return Done(self.runner.execute(plan))

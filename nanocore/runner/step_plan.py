@@ -100,7 +100,11 @@ def encode_plan(plan: StepPlan) -> dict[str, list]:
 
 
 def decode_plan(columns: dict[str, list]) -> StepPlan:
-    """The ``StepPlan`` that ``encode_plan`` wrote."""
+    """The ``StepPlan`` that ``encode_plan`` wrote; ValueError on columns of different lengths (a malformed message)."""
+    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling")}
+    if len(set(lengths.values())) != 1:
+        raise ValueError(f"malformed step plan: its columns have different lengths {lengths}")
     sampling = [RowSampling(*values[:-1], tuple(values[-1])) for values in columns["sampling"]]
-    rows = [ScheduledRow(*values, s) for *values, s in zip(*(columns[name] for name in ROW_FIELDS), sampling)]
+    rows = [ScheduledRow(*values, s)
+            for *values, s in zip(*(columns[name] for name in ROW_FIELDS), sampling, strict=True)]
     return StepPlan(rows, columns["finished_seq_ids"], columns["reset_seq_ids"], columns["ahead_rows"])
