@@ -1,0 +1,107 @@
+"""What gets mutated: targets (a source file, the functions in it that compute, the conformance tests that
+judge it) read from a TOML file, and each function's line span and source hash found with ``ast``."""
+from __future__ import annotations
+
+import ast
+import hashlib
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+
+class TargetError(ValueError):
+    """A targets file or target source that the tool cannot use; the message says what to fix."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    kind: str
+    file: str
+    functions: tuple[str, ...]
+    tests: tuple[str, ...]
+    pytest_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Span:
+    """Lines ``start``..``end`` (1-based, inclusive) of a function body and the hash of its source."""
+
+    start: int
+    end: int
+    sha: str
+
+    def holds(self, line: int) -> bool:
+        return self.start <= line <= self.end
+
+
+@dataclass(frozen=True)
+class Plan:
+    targets: tuple[Target, ...]
+    exclude_operators: tuple[str, ...]
+
+    def excluded(self, operator: str) -> bool:
+        return any(re.search(pattern, operator) for pattern in self.exclude_operators)
+
+    def select(self, kinds: list[str] | None, names: list[str] | None) -> list[Target]:
+        chosen = [t for t in self.targets if (not kinds or t.kind in kinds) and (not names or t.name in names)]
+        if not chosen:
+            known = ", ".join(t.name for t in self.targets)
+            raise TargetError(f"no target matches kinds={kinds} names={names}; the targets are: {known}")
+        return chosen
+
+
+def _target(entry: dict, where: str) -> Target:
+    missing = [key for key in ("name", "kind", "file", "functions", "tests") if key not in entry]
+    if missing:
+        raise TargetError(f"{where}: a [[target]] lacks {missing}; each needs name, kind, file, functions, tests")
+    return Target(entry["name"], entry["kind"], entry["file"], tuple(entry["functions"]), tuple(entry["tests"]),
+                  tuple(entry.get("pytest_args", ())))
+
+
+def load_plan(path: Path) -> Plan:
+    try:
+        data = tomllib.loads(path.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise TargetError(f"cannot read the targets file {path}: {exc}") from exc
+    targets = tuple(_target(entry, str(path)) for entry in data.get("target", []))
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise TargetError(f"{path}: target names must be unique, got {names}")
+    return Plan(targets, tuple(data.get("operators", {}).get("exclude", ())))
+
+
+def _definitions(tree: ast.AST, prefix: str = ""):
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            yield f"{prefix}{node.name}", node
+        elif isinstance(node, ast.ClassDef):
+            yield from _definitions(node, f"{prefix}{node.name}.")
+
+
+def function_spans(source: str, qualnames: tuple[str, ...], where: str) -> dict[str, Span]:
+    """Each qualname's span: from its ``def`` line (decorators are not mutated) to its last line."""
+    lines = source.splitlines()
+    found = dict(_definitions(ast.parse(source)))
+    missing = [q for q in qualnames if q not in found]
+    if missing:
+        raise TargetError(f"{where} defines no {missing}; fix the target's functions (found: {sorted(found)})")
+    spans = {}
+    for qualname in qualnames:
+        node = found[qualname]
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        text = "\n".join(lines[first - 1:node.end_lineno])
+        spans[qualname] = Span(node.lineno, node.end_lineno, hashlib.sha256(text.encode()).hexdigest()[:16])
+    return spans
+
+
+def owner(spans: dict[str, Span], line: int) -> str | None:
+    """The target function whose span holds ``line`` (the innermost, for nested definitions)."""
+    holding = [(span.end - span.start, name) for name, span in spans.items() if span.holds(line)]
+    return min(holding)[1] if holding else None
