@@ -62,6 +62,7 @@ def prepare(target: Target, scratch: Path, work: Path, spans: dict[str, Span], p
             _skip_outside(db, spans, plan, done)
         meta_path.write_text(json.dumps(meta, indent=1))
     with use_db(str(db_path), WorkDB.Mode.open) as db:
+        _skip_outside(db, spans, plan, done)  # a resumed session gets the current filter too
         return db_path, sum(1 for _ in db.pending_work_items)
 
 
@@ -69,7 +70,7 @@ def _skip_outside(db: WorkDB, spans: dict[str, Span], plan: Plan, done: set[str]
     skipped = []
     for item in db.pending_work_items:
         mutation = item.mutations[0]
-        function = owner(spans, mutation.start_pos[0])
+        function = owner(spans, mutation.start_pos)
         if function is None or function in done or plan.excluded(mutation.operator_name):
             skipped.append(item.job_id)
     db.set_multiple_results(skipped, WorkResult(worker_outcome=WorkerOutcome.SKIPPED))
@@ -108,7 +109,7 @@ def execute(target: Target, scratch: Path, db_path: Path, timeout_s: float, dead
                 result = mutate_and_test(item.mutations, test_command(target), timeout_s)
                 db.set_result(item.job_id, result)
                 mutation = item.mutations[0]
-                print(f"  [{number}/{len(pending)}] {owner(spans, mutation.start_pos[0])} line {mutation.start_pos[0]} "
+                print(f"  [{number}/{len(pending)}] {owner(spans, mutation.start_pos)} line {mutation.start_pos[0]} "
                       f"{mutation.operator_name.removeprefix('core/')}: {_outcome(result)} "
                       f"({time.monotonic() - start:.0f} s)", flush=True)
     finally:
@@ -143,7 +144,7 @@ def collect(db_path: Path, spans: dict[str, Span], plan: Plan) -> dict[str, list
     per_function: dict[str, list] = defaultdict(list)
     for item in items:
         mutation = item.mutations[0]
-        function = owner(spans, mutation.start_pos[0])
+        function = owner(spans, mutation.start_pos)
         if function is not None and not plan.excluded(mutation.operator_name):
             per_function[function].append((mutation, results.get(item.job_id)))
     complete = {}

@@ -31,14 +31,17 @@ class Target:
 
 @dataclass(frozen=True)
 class Span:
-    """Lines ``start``..``end`` (1-based, inclusive) of a function body and the hash of its source."""
+    """Lines ``start``..``end`` (1-based, inclusive) of a function, the hash of its source, and the
+    (line, col, end line, end col) of its type annotations: never evaluated here, so never mutated."""
 
     start: int
     end: int
     sha: str
+    annotations: tuple[tuple[int, int, int, int], ...] = ()
 
-    def holds(self, line: int) -> bool:
-        return self.start <= line <= self.end
+    def holds(self, pos: tuple[int, int]) -> bool:
+        inside = any((a[0], a[1]) <= pos < (a[2], a[3]) for a in self.annotations)
+        return self.start <= pos[0] <= self.end and not inside
 
 
 @dataclass(frozen=True)
@@ -85,6 +88,18 @@ def _definitions(tree: ast.AST, prefix: str = ""):
             yield from _definitions(node, f"{prefix}{node.name}.")
 
 
+def _annotations(node: ast.AST) -> tuple[tuple[int, int, int, int], ...]:
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found += [a.annotation for a in [*sub.args.posonlyargs, *sub.args.args, *sub.args.kwonlyargs,
+                                             sub.args.vararg, sub.args.kwarg] if a is not None and a.annotation]
+            found += [sub.returns] if sub.returns else []
+        elif isinstance(sub, ast.AnnAssign):
+            found.append(sub.annotation)
+    return tuple((a.lineno, a.col_offset, a.end_lineno, a.end_col_offset) for a in found)
+
+
 def function_spans(source: str, qualnames: tuple[str, ...], where: str) -> dict[str, Span]:
     """Each qualname's span: from its ``def`` line (decorators are not mutated) to its last line."""
     lines = source.splitlines()
@@ -97,11 +112,12 @@ def function_spans(source: str, qualnames: tuple[str, ...], where: str) -> dict[
         node = found[qualname]
         first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
         text = "\n".join(lines[first - 1:node.end_lineno])
-        spans[qualname] = Span(node.lineno, node.end_lineno, hashlib.sha256(text.encode()).hexdigest()[:16])
+        spans[qualname] = Span(node.lineno, node.end_lineno, hashlib.sha256(text.encode()).hexdigest()[:16],
+                               _annotations(node))
     return spans
 
 
-def owner(spans: dict[str, Span], line: int) -> str | None:
-    """The target function whose span holds ``line`` (the innermost, for nested definitions)."""
-    holding = [(span.end - span.start, name) for name, span in spans.items() if span.holds(line)]
+def owner(spans: dict[str, Span], pos: tuple[int, int]) -> str | None:
+    """The target function whose span holds ``pos`` (line, column), outside annotations (innermost first)."""
+    holding = [(span.end - span.start, name) for name, span in spans.items() if span.holds(tuple(pos))]
     return min(holding)[1] if holding else None
