@@ -7,7 +7,7 @@ from pathlib import Path
 MUTATE = Path(__file__).resolve().parents[1] / "mutation" / "mutate.py"
 
 CALC = '''\
-def double(x):
+def double(x: int | float) -> int | float:
     return x + x
 
 
@@ -56,7 +56,7 @@ def test_counts_kills_and_survivors_and_reruns_only_changed_functions(tmp_path):
     (repo / "targets.toml").write_text(TARGETS)
 
     out = _mutate(tmp_path, "run")
-    assert "4 mutants to run" in out, out  # + -> -, *, /, //; the line outside `double` is not mutated
+    assert "4 mutants to run" in out, out  # + -> -, *, /, //; not the annotations' |, not `untargeted`
     stored = json.loads((tmp_path / "results.json").read_text())["targets"]["fake/calc"]["functions"]
     assert list(stored) == ["double"]
     outcomes = {m["id"]: m["outcome"] for m in stored["double"]["mutants"]}
