@@ -18,8 +18,14 @@ import time
 from pathlib import Path
 
 import mutation_results
-import mutation_session
 from mutation_targets import TargetError, function_spans, load_plan
+
+try:
+    import mutation_session
+except ModuleNotFoundError as exc:
+    if exc.name != "cosmic_ray":
+        raise
+    sys.exit("error: mutate.py needs cosmic-ray: pip install 'cosmic-ray>=8.7,<9' (it is in nanocore's `test` extra)")
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,10 +53,10 @@ def run_target(target, plan, args, results: dict, deadline: float | None) -> boo
         base_s = mutation_session.baseline(target, scratch, args.test_limit)
         timeout_s = max(args.min_timeout, args.timeout_factor * base_s)
         print(f"  baseline {base_s:.1f} s, timeout per mutant {timeout_s:.0f} s", flush=True)
-        start = time.monotonic()
-        finished = mutation_session.execute(target, scratch, db_path, timeout_s, deadline, spans)
         run = {"commit": _commit(args.repo, target.file), "date": datetime.date.today().isoformat(),
                "baseline_s": round(base_s, 1), "timeout_s": round(timeout_s)}
+        start = time.monotonic()
+        finished = mutation_session.execute(target, scratch, db_path, timeout_s, deadline, spans)
         records = {name: recs for name, recs in mutation_session.collect(db_path, spans, plan).items()
                    if name not in done}
         elapsed = time.monotonic() - start
