@@ -4,6 +4,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 MUTATE = Path(__file__).resolve().parents[1] / "mutation" / "mutate.py"
 
 CALC = '''\
@@ -48,6 +50,7 @@ def _mutate(tmp_path: Path, *args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.slow  # five pytest runs in subprocesses (one per mutant, one baseline)
 def test_counts_kills_and_survivors_and_reruns_only_changed_functions(tmp_path):
     repo = tmp_path / "repo"
     (repo / "fakecalc").mkdir(parents=True)
