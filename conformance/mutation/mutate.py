@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import fcntl
 import hashlib
 import subprocess
 import sys
@@ -116,7 +117,15 @@ def main(argv: list[str] | None = None) -> int:
     args.work_dir = (args.work_dir or Path.home() / ".cache" / "nanocore-conformance-mutation" / checkout).resolve()
     args.work_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return cmd_run(args) if args.command == "run" else cmd_report(args)
+        if args.command == "report":
+            return cmd_report(args)
+        with (args.work_dir / "lock").open("w") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # two runs would mutate the same scratch copy
+            except BlockingIOError:
+                raise TargetError(f"another mutate.py run is using {args.work_dir}; wait for it or pass "
+                                  f"another --work-dir") from None
+            return cmd_run(args)
     except (TargetError, mutation_session.BaselineError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
