@@ -49,23 +49,27 @@ def run_target(target, plan, args, results: dict, deadline: float | None) -> boo
     db_path, pending = mutation_session.prepare(target, scratch, args.work_dir, spans, plan, done)
     print(f"{target.name}: {len(done)} of {len(spans)} functions unchanged since their stored run, "
           f"{pending} mutants to run", flush=True)
-    finished = True
+    finished, elapsed, run = True, 0.0, {"commit": _commit(args.repo, target.file),
+                                         "date": datetime.date.today().isoformat()}
+    ran_before = set(mutation_session.collect(db_path, spans, plan))  # finished in an earlier session
     if pending:
         base_s = mutation_session.baseline(target, scratch, args.test_limit)
         timeout_s = max(args.min_timeout, args.timeout_factor * base_s)
         print(f"  baseline {base_s:.1f} s, timeout per mutant {timeout_s:.0f} s", flush=True)
-        run = {"commit": _commit(args.repo, target.file), "date": datetime.date.today().isoformat(),
-               "baseline_s": round(base_s, 1), "timeout_s": round(timeout_s)}
+        run.update(baseline_s=round(base_s, 1), timeout_s=round(timeout_s))
         start = time.monotonic()
         finished = mutation_session.execute(target, scratch, db_path, timeout_s, deadline, spans)
-        records = {name: recs for name, recs in mutation_session.collect(db_path, spans, plan).items()
-                   if name not in done}
         elapsed = time.monotonic() - start
-        total = sum(len(r) for r in records.values()) or 1
-        for name, recs in records.items():  # the run's time, shared by mutant count
-            recs_run = dict(run, seconds=round(elapsed * len(recs) / total, 1))
-            mutation_results.merge(results, target, spans, {name: recs}, recs_run)
-        mutation_results.save(args.results, results)
+    records = {name: recs for name, recs in mutation_session.collect(db_path, spans, plan).items()
+               if name not in done}
+    stored = results["targets"].get(target.name, {}).get("functions", {})
+    total = sum(len(r) for n, r in records.items() if n not in ran_before) or 1
+    for name, recs in records.items():
+        if name in ran_before and name in stored:  # run before, filtered anew: keep when and how it ran
+            info = {k: v for k, v in stored[name].items() if k not in ("sha", "mutants")}
+        else:  # the run's time, shared by mutant count
+            info = dict(run, seconds=round(elapsed * len(recs) / total, 1))
+        mutation_results.merge(results, target, spans, {name: recs}, info)
     mutation_results.merge(results, target, spans, {}, {})  # drops functions the target no longer lists
     mutation_results.save(args.results, results)
     return finished

@@ -29,7 +29,7 @@ def save(path: Path, results: dict) -> None:
 def current(results: dict, target: Target, spans: dict[str, Span]) -> set[str]:
     """Functions whose stored result was made from the same source (same hash): they need no re-run."""
     stored = results["targets"].get(target.name, {}).get("functions", {})
-    return {name for name, span in spans.items() if stored.get(name, {}).get("sha") == span.sha}
+    return {name for name, span in spans.items() if stored.get(name, {}).get("sha") == span.key}
 
 
 def merge(results: dict, target: Target, spans: dict[str, Span], records: dict[str, list[dict]], run: dict) -> None:
@@ -38,7 +38,7 @@ def merge(results: dict, target: Target, spans: dict[str, Span], records: dict[s
     entry.update(kind=target.kind, file=target.file, tests=list(target.tests))
     functions = {name: f for name, f in entry["functions"].items() if name in spans}
     for name, mutants in records.items():
-        functions[name] = {"sha": spans[name].sha, "mutants": mutants, **run}
+        functions[name] = {"sha": spans[name].key, "mutants": mutants, **run}
     entry["functions"] = functions
 
 

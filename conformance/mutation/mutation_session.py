@@ -55,12 +55,13 @@ def prepare(target: Target, scratch: Path, work: Path, spans: dict[str, Span], p
     module = scratch / target.file
     meta = {"spans": {name: span.sha for name, span in spans.items()}, "exclude": list(plan.exclude_operators),
             "done": sorted(done), "file": str(module)}
-    if not (db_path.exists() and meta_path.exists() and json.loads(meta_path.read_text()) == meta):
+    old = json.loads(meta_path.read_text()) if meta_path.exists() and db_path.exists() else None
+    # more functions done only skips more; one no longer done needs its skipped mutants back: a new session
+    if old is None or {**old, "done": None} != {**meta, "done": None} or not set(old["done"]) <= done:
         db_path.unlink(missing_ok=True)
         with use_db(str(db_path), WorkDB.Mode.create) as db:
             init([module], db, {})
-            _skip_outside(db, spans, plan, done)
-        meta_path.write_text(json.dumps(meta, indent=1))
+    meta_path.write_text(json.dumps(meta, indent=1))
     with use_db(str(db_path), WorkDB.Mode.open) as db:
         _skip_outside(db, spans, plan, done)  # a resumed session gets the current filter too
         return db_path, sum(1 for _ in db.pending_work_items)

@@ -32,15 +32,21 @@ class Target:
 @dataclass(frozen=True)
 class Span:
     """Lines ``start``..``end`` (1-based, inclusive) of a function, the hash of its source, and the
-    (line, col, end line, end col) of its type annotations: never evaluated here, so never mutated."""
+    (line, col, end line, end col) of the code in it that is never mutated: type annotations (not evaluated)
+    and whatever follows ``x.is_cuda and`` (never evaluated on CPU)."""
 
     start: int
     end: int
     sha: str
-    annotations: tuple[tuple[int, int, int, int], ...] = ()
+    skipped: tuple[tuple[int, int, int, int], ...] = ()
+
+    @property
+    def key(self) -> str:
+        """What a stored result was made from: the source and the parts of it left alone."""
+        return hashlib.sha256(f"{self.sha}{self.skipped}".encode()).hexdigest()[:16]
 
     def holds(self, pos: tuple[int, int]) -> bool:
-        inside = any((a[0], a[1]) <= pos < (a[2], a[3]) for a in self.annotations)
+        inside = any((a[0], a[1]) <= pos < (a[2], a[3]) for a in self.skipped)
         return self.start <= pos[0] <= self.end and not inside
 
 
@@ -88,9 +94,18 @@ def _definitions(tree: ast.AST, prefix: str = ""):
             yield from _definitions(node, f"{prefix}{node.name}.")
 
 
-def _annotations(node: ast.AST) -> tuple[tuple[int, int, int, int], ...]:
+def _cuda_only(sub: ast.AST) -> list[ast.AST]:
+    """The operands after ``x.is_cuda`` in ``x.is_cuda and ...``: CPU code never evaluates them."""
+    if not (isinstance(sub, ast.BoolOp) and isinstance(sub.op, ast.And)):
+        return []
+    first = sub.values[0]
+    return sub.values[1:] if isinstance(first, ast.Attribute) and first.attr == "is_cuda" else []
+
+
+def _skipped(node: ast.AST) -> tuple[tuple[int, int, int, int], ...]:
     found = []
     for sub in ast.walk(node):
+        found += _cuda_only(sub)
         if isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef)):
             found += [a.annotation for a in [*sub.args.posonlyargs, *sub.args.args, *sub.args.kwonlyargs,
                                              sub.args.vararg, sub.args.kwarg] if a is not None and a.annotation]
@@ -113,11 +128,11 @@ def function_spans(source: str, qualnames: tuple[str, ...], where: str) -> dict[
         first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
         text = "\n".join(lines[first - 1:node.end_lineno])
         spans[qualname] = Span(node.lineno, node.end_lineno, hashlib.sha256(text.encode()).hexdigest()[:16],
-                               _annotations(node))
+                               _skipped(node))
     return spans
 
 
 def owner(spans: dict[str, Span], pos: tuple[int, int]) -> str | None:
-    """The target function whose span holds ``pos`` (line, column), outside annotations (innermost first)."""
+    """The target function whose span holds ``pos`` (line, column), outside skipped code (innermost first)."""
     holding = [(span.end - span.start, name) for name, span in spans.items() if span.holds(tuple(pos))]
     return min(holding)[1] if holding else None
