@@ -18,7 +18,7 @@ from nanocore.runner.heap import frozen_heap
 from nanocore.engine.llm import LLM
 from nanocore.serve.engine_info import describe
 from nanocore.serve.metrics import ServerMetrics
-from nanocore.serve.request_state import NewRequest, RequestUpdate, TrackedRequest
+from nanocore.serve.request_state import CommandSender, NewRequest, RequestUpdate, TrackedRequest
 
 logger = logging.getLogger("nanocore.serve")
 
@@ -26,7 +26,7 @@ IDLE_WAIT_S = 0.5  # an idle loop re-checks its stop flag this often
 STOPPED = "the server shut down before this request finished"
 
 
-class EngineLoop:
+class EngineLoop(CommandSender):
     """Owns the engine and the engine-side state of each request; ``start(sink)`` runs the loop thread."""
 
     def __init__(self, llm: LLM, stream_interval: int = 1, metrics: ServerMetrics | None = None):
@@ -57,18 +57,6 @@ class EngineLoop:
     @property
     def is_alive(self) -> bool:
         return self._thread.is_alive()
-
-    def add(self, requests: list[NewRequest]) -> None:
-        """Queue a batch: the loop adds all of it before its next step (one batch, not one request per step)."""
-        self._send(("add", requests))
-
-    def abort(self, request_id: str) -> None:
-        """Stop a request and free its KV blocks (a finished or unknown id is ignored)."""
-        self._send(("abort", request_id))
-
-    def abort_all(self, message: str) -> None:
-        """End every request in flight with a 503 error (their streams close cleanly)."""
-        self._send(("abort_all", message))
 
     async def render_metrics(self) -> bytes:
         return self.metrics.render()

@@ -20,7 +20,7 @@ import threading
 
 from nanocore.serve.delivery import call_soon
 from nanocore.serve.protocol import APIError
-from nanocore.serve.request_state import NewRequest
+from nanocore.serve.request_state import CommandSender
 
 logger = logging.getLogger("nanocore.serve")
 
@@ -105,7 +105,7 @@ def child_main(config, commands, out, stream_interval: int, log_level: str) -> N
             return
 
 
-class ProcessTransport:
+class ProcessTransport(CommandSender):
     """The engine client's transport to an engine in a child process (spawned: CUDA is never forked)."""
 
     def __init__(self, config, stream_interval: int = 1, log_level: str = "info"):
@@ -149,15 +149,6 @@ class ProcessTransport:
     @property
     def is_alive(self) -> bool:
         return self.process.is_alive() and self._reader.is_alive()
-
-    def add(self, requests: list[NewRequest]) -> None:
-        self._send(("add", requests))
-
-    def abort(self, request_id: str) -> None:
-        self._send(("abort", request_id))
-
-    def abort_all(self, message: str) -> None:
-        self._send(("abort_all", message))
 
     async def render_metrics(self) -> bytes:
         loop = asyncio.get_running_loop()

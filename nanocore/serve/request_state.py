@@ -133,3 +133,22 @@ def merge_updates(updates: list[RequestUpdate]) -> RequestUpdate:
                                                   delta.finish_reason, delta.stop_reason)
     last = updates[-1]
     return RequestUpdate(list(merged.values()), last.finished, last.output, last.error, last.status, True)
+
+
+class CommandSender:
+    """The commands a transport carries to its engine loop, as ``(name, argument)`` tuples; ``_send`` delivers."""
+
+    def _send(self, command: tuple) -> None:
+        raise NotImplementedError
+
+    def add(self, requests: list[NewRequest]) -> None:
+        """Queue a batch: the loop adds all of it before its next step (one batch, not one request per step)."""
+        self._send(("add", requests))
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request and free its KV blocks (a finished or unknown id is ignored)."""
+        self._send(("abort", request_id))
+
+    def abort_all(self, message: str) -> None:
+        """End every request in flight with a 503 error (their streams close cleanly)."""
+        self._send(("abort_all", message))
