@@ -2,7 +2,8 @@
 
 Two declarations count: ``api_version = "MAJOR.MINOR"`` set on the backend's own class (or a base class of the
 plugin's; the value nanocore's interfaces carry is not the plugin's word), and the distribution's requirement on
-``nanocore`` (``nanocore>=1.1,<2``). The contract promises: same major and a minor this core implements works.
+nanocore, under its distribution name ``nanocore-llm`` (``nanocore-llm>=1.1,<2``) or the name ``nanocore`` that
+plugins written before the rename require. The contract promises: same major and a minor this core implements works.
 """
 from __future__ import annotations
 
@@ -15,9 +16,12 @@ from packaging.version import InvalidVersion, Version
 
 from nanocore._version import __version__
 from nanocore.interfaces import API_VERSION
-from nanocore._version import __version__
 
 logger = logging.getLogger("nanocore")
+
+#: The core's distribution name (``nanocore`` on the package index is an unrelated project), then the name plugins
+#: written before the rename require: a requirement on either is a requirement on this core.
+CORE_DISTRIBUTIONS = ("nanocore-llm", "nanocore")
 
 
 def declared_api_version(cls: type) -> str | None:
@@ -37,7 +41,7 @@ def nanocore_requirement(requires: list[str]) -> Requirement | None:
             requirement = Requirement(line)
         except InvalidRequirement:
             continue
-        if canonicalize_name(requirement.name) == "nanocore" and not requirement.extras:
+        if canonicalize_name(requirement.name) in CORE_DISTRIBUTIONS and not requirement.extras:
             return requirement
     return None
 
@@ -80,7 +84,7 @@ def compatibility_problem(kind: str, name: str, cls: type, plugin: str, distribu
     elif declared is None:
         message = (f"{what} declares no api_version and its distribution does not pin nanocore: assumed to target "
                    f"plugin API {API_VERSION.split('.')[0]}.x. Declare `api_version = \"{API_VERSION}\"` on the "
-                   f"class, or require 'nanocore>={API_VERSION},<{int(API_VERSION.split('.')[0]) + 1}'")
+                   f"class, or require 'nanocore-llm>={API_VERSION},<{int(API_VERSION.split('.')[0]) + 1}'")
         logger.warning(message)
         warnings.warn(message, DeprecationWarning, stacklevel=2)
     return None
@@ -88,7 +92,7 @@ def compatibility_problem(kind: str, name: str, cls: type, plugin: str, distribu
 
 def targeted_api_version(cls: type, requires: list[str] | None = None) -> tuple[int, int]:
     """(major, minor) of the plugin API a backend was written for: its own ``api_version``, else the lowest nanocore
-    its distribution admits (``nanocore>=1.1``), else this core's. Rules added in later minors spare older ones."""
+    its distribution admits (``nanocore-llm>=1.1``), else this core's. Rules added in later minors spare older ones."""
     declared = declared_api_version(cls)
     if declared is None and requires:
         requirement = nanocore_requirement(requires)

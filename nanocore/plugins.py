@@ -7,7 +7,7 @@ Rules (each has a test in tests/test_plugins.py):
 - Two distributions registering one name for one kind is an error naming both, raised when that
   name is used; ``"distribution:name"`` picks one explicitly.
 - Compatibility comes from what the plugin declares: an ``api_version`` set on its own class (not inherited from
-  nanocore's classes), and its distribution's requirement on ``nanocore``. Another major version, a newer minor
+  nanocore's classes), and its distribution's requirement on ``nanocore-llm``. Another major version, a newer minor
   than this core implements, or a requirement this nanocore does not meet is refused with a message; a plugin
   that declares neither loads with a warning.
 - ``resolve(kind, "auto", device)`` picks the highest ``auto_priority`` backend whose
@@ -33,15 +33,16 @@ import torch
 from nanocore import hookspecs
 from nanocore.interfaces import KINDS, Backend
 from nanocore.interfaces.base import INJECTED_OPTIONS
+from nanocore._version import __version__
 from nanocore.plugin_versions import compatibility_problem
 
 if sys.version_info >= (3, 12):
-    from importlib.metadata import entry_points, version as dist_version
+    from importlib.metadata import entry_points
 else:  # the backport has the same selectable API on 3.10 / 3.11
     try:
-        from importlib_metadata import entry_points, version as dist_version
+        from importlib_metadata import entry_points
     except ImportError:
-        from importlib.metadata import entry_points, version as dist_version
+        from importlib.metadata import entry_points
 
 logger = logging.getLogger("nanocore")
 
@@ -95,7 +96,7 @@ class Registry:
         sources: dict[str, tuple[str, str]] = {}  # plugin name -> (distribution, version)
         requirements: dict[str, list[str]] = {}  # plugin name -> its distribution's requirements
         pm.register(builtin, name="builtin")
-        sources["builtin"] = (builtin.BUILTIN_DISTRIBUTION, _version_of("nanocore"))
+        sources["builtin"] = (builtin.BUILTIN_DISTRIBUTION, __version__)
         allow = _env_list("NANOCORE_PLUGINS")
         block = _env_list("NANOCORE_DISABLE_PLUGINS")
         for ep in sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
@@ -276,9 +277,3 @@ def _env_list(var: str) -> set[str] | None:
         return None if var == "NANOCORE_PLUGINS" else set()
     return {item.strip() for item in raw.split(",") if item.strip()}
 
-
-def _version_of(distribution: str) -> str:
-    try:
-        return dist_version(distribution)
-    except Exception:
-        return "unknown"

@@ -52,12 +52,18 @@ def test_incompatible_api_version_is_refused_with_what_to_do(cls, words):
     assert message and words in message and "dist-x" in message
 
 
-def test_distribution_requirement_decides_for_a_silent_class(recwarn):
-    assert problem(Silent, [f"nanocore>={API_VERSION},<{MAJOR + 1}"]) is None and not recwarn.list
-    message = problem(Silent, [f"nanocore<{MAJOR}"])
-    assert message and f"requires nanocore<{MAJOR}" in message and __version__ in message
+@pytest.mark.parametrize("core", ["nanocore-llm", "nanocore", "Nanocore_LLM"])  # the name, the pre-rename name
+def test_distribution_requirement_decides_for_a_silent_class(recwarn, core):
+    assert problem(Silent, [f"{core}>={API_VERSION},<{MAJOR + 1}"]) is None and not recwarn.list
+    message = problem(Silent, [f"{core}<{MAJOR}"])
+    assert message and f"requires {core}<{MAJOR}" in message and __version__ in message
     # an explicit class is refused too when its distribution excludes this nanocore
-    assert problem(Explicit, [f"nanocore>={MAJOR + 1}"])
+    assert problem(Explicit, [f"{core}>={MAJOR + 1}"])
+
+
+def test_a_requirement_on_another_distribution_is_not_the_core(recwarn):
+    with pytest.warns(DeprecationWarning, match="declares no api_version"):
+        assert problem(Silent, ["nanocore-llm-extras<1", "nanocorex<1"]) is None
 
 
 def test_declaring_nothing_warns_and_loads():
@@ -103,8 +109,8 @@ def test_in_tree_plugins_require_the_minor_of_every_name_they_import():
     root = Path(__file__).resolve().parents[1]
     checked = 0
     for pyproject in sorted(root.glob("plugins*/*/pyproject.toml")):
-        required = re.search(r'"nanocore>=1\.(\d+)', pyproject.read_text())
-        assert required, f"{pyproject} does not require nanocore>=1.N"
+        required = re.search(r'"nanocore-llm>=1\.(\d+)', pyproject.read_text())
+        assert required, f"{pyproject} does not require nanocore-llm>=1.N"
         packages = [p for p in pyproject.parent.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
         needed = {name: minor for name, minor in SINCE_MINOR.items()
                   for package in packages if name in _imported_public_names(package)}

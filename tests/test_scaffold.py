@@ -46,7 +46,7 @@ def test_generated_layout(tmp_path, monkeypatch):
     assert "class TestMyCodecKVCodec(KVCodecConformance):" in test and 'backend = "my_codec"' in test
     readme = (root / "README.md").read_text()
     assert "## What to fill in" in readme and "nanocore.interfaces.kv_codec" in readme
-    assert 'dependencies = ["nanocore>=' in pyproject  # the API major it targets, checked by the registry
+    assert 'dependencies = ["nanocore-llm>=' in pyproject  # the API major it targets, checked by the registry
     for path in root.rglob("*.py"):
         compile(path.read_text(), str(path), "exec")
 

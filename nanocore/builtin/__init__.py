@@ -7,7 +7,8 @@ from nanocore.builtin.unquantized_kv import UnquantizedKVCodec
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.hookspecs import hookimpl
 
-#: Distribution name shown for the builtins.
+#: The name shown for the builtins and accepted in ``"nanocore:name"``: the import name (the distribution on the
+#: package index is ``nanocore-llm``), kept so qualified names written before the rename still resolve.
 BUILTIN_DISTRIBUTION = "nanocore"
 
 

@@ -12,7 +12,7 @@ description = "nanocore $kind backend '$name'"
 readme = "README.md"
 requires-python = ">=3.10"
 # the plugin API major this backend is written for (nanocore refuses it under another major, with a message)
-dependencies = ["nanocore>=$api_version,<$next_major"]
+dependencies = ["nanocore-llm>=$api_version,<$next_major"]
 
 [project.optional-dependencies]
 test = ["nanocore-conformance", "pytest>=8", "hypothesis>=6.100"]
