@@ -225,6 +225,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (as generation does)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: Any = None  # rendered by the chat template, as in chat completions
     return_token_strs: bool = False
 
 

@@ -18,7 +18,7 @@ from nanocore.serve.protocol import (
 )
 from nanocore.serve.responses import ResponseShape
 from nanocore.serve.structured_fields import mapped_fields
-from nanocore.serve.tool_fields import plan_tools
+from nanocore.serve.tool_fields import check_tools, plan_tools
 
 GENERATION_RESPONSES = {200: {"content": {"text/event-stream": {}},
                               "description": "The completion (JSON), or server-sent events with stream=true"},
@@ -67,8 +67,9 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
             token_ids = await prompts.off_loop(prompts.encode, body.prompt, add_special, "prompt")
         else:
             messages = [m.template_dict() for m in body.messages]
+            tools = body.tools if check_tools(body.tools) else None
             text = await prompts.off_loop(prompts.render_chat, messages, body.add_generation_prompt,
-                                          body.chat_template_kwargs)
+                                          body.chat_template_kwargs, tools)
             token_ids = await prompts.off_loop(prompts.encode, text, bool(body.add_special_tokens), "messages")
         token_strs = prompts.token_strs(token_ids) if body.return_token_strs else None
         # a JSONResponse: FastAPI's own encoder walks a long id list in Python (seconds for 500k ids)

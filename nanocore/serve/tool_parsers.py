@@ -105,10 +105,13 @@ class Llama3JsonParser(ToolParser):
 
     def segments(self, text: str, final: bool) -> list[Segment]:
         stripped = text.lstrip()
-        if stripped.startswith(self.python_tag):
+        tagged = stripped.startswith(self.python_tag)
+        if tagged:
             stripped = stripped[len(self.python_tag):].lstrip()
-        elif not final and self.python_tag.startswith(stripped):
-            return []  # nothing yet, or the start of the tag
+        if not stripped and (tagged or not final):
+            return []  # nothing yet, or the tag alone
+        if not final and not tagged and self.python_tag.startswith(stripped):
+            return []  # perhaps the start of the tag
         if not stripped.startswith("{"):
             return [text] if text else []
         segments: list[Segment] = []
