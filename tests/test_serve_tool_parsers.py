@@ -48,6 +48,7 @@ def test_hermes_malformed_call_is_returned_as_text():
 def test_hermes_unterminated_call_at_the_end_still_parses():
     text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n'
     assert HermesParser().parse(text) == (None, [TIME])
+    assert HermesParser().parse(text + "</tool_") == (None, [TIME])
 
 
 def test_llama3_json_calls_with_and_without_python_tag():

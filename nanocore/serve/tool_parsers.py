@@ -87,6 +87,8 @@ class HermesParser(ToolParser):
                 break
             stop = len(text) if end < 0 else end + len(self.end)
             body = text[start + len(self.start):end if end >= 0 else len(text)]
+            if end < 0:  # the output stopped inside the call, perhaps inside its closing tag
+                body = body[:len(body) - held_back(body, self.end)]
             segments.append(self._call(body) or text[start:stop])
             position = stop
         return [s for s in segments if s != ""]
