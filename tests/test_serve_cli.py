@@ -119,3 +119,13 @@ def test_text_prompt_without_tokenizer_is_clean_at_tp2():
                              "--prompt", "hello"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 1
     assert "no tokenizer" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+def test_serve_bad_chat_template_is_one_line_before_loading(capsys):
+    assert main(["serve", "--chat-template", "no/such/template.jinja"]) == 1
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: --chat-template 'no/such/template.jinja' is neither a file nor a Jinja template; give the path of "
+        "a template file or the template text"]
+    with pytest.raises(SystemExit):
+        main(["serve", "--tool-call-parser", "mistral"])
+    assert "invalid choice: 'mistral'" in capsys.readouterr().err

@@ -11,6 +11,7 @@ import os
 
 from nanocore.cli.common import add_engine_args, engine_config_from_args
 from nanocore.serve.body_limit import DEFAULT_MAX_BODY_MIB
+from nanocore.serve.tool_parsers import TOOL_CALL_PARSER_CHOICES
 
 API_KEY_ENV = "NANOCORE_API_KEY"
 
@@ -35,6 +36,11 @@ def register(subparsers) -> None:
     s.add_argument("--engine-process", choices=["auto", "on", "off"], default="auto",
                    help="run the engine in its own process, so HTTP work and engine steps do not share one GIL "
                         "(default auto: on for a GPU, off for the CPU, whose steps are compute-bound anyway)")
+    s.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
+                   help="Jinja chat template (a file, or the template text) used instead of the tokenizer's")
+    s.add_argument("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSER_CHOICES,
+                   help="how tool calls are found in the output for tool_choice 'auto' (default auto: from the "
+                        "chat template's markers, else the model's architecture)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     add_engine_args(p)
     p.set_defaults(func=run)
@@ -42,6 +48,7 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     from nanocore.engine.llm import LLM
+    from nanocore.serve.prompts import load_chat_template
     from nanocore.serve.server import create_app, create_process_app, serve
 
     if args.max_waiting_requests < 1:
@@ -49,14 +56,17 @@ def run(args) -> int:
     if not args.max_body_mib > 0:
         raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
     config = engine_config_from_args(args)  # config errors before the model loads
+    load_chat_template(args.chat_template)
     logging.getLogger("nanocore").setLevel(logging.INFO)
     api_key = args.api_key or os.environ.get(API_KEY_ENV)
     if use_engine_process(args.engine_process, config.device):
         app = create_process_app(config, args.served_model_name, api_key, args.max_waiting_requests,
-                                 args.drain_timeout, args.stream_interval, args.log_level, args.max_body_mib)
+                                 args.drain_timeout, args.stream_interval, args.log_level, args.max_body_mib,
+                                 chat_template=args.chat_template, tool_call_parser=args.tool_call_parser)
     else:
         app = create_app(LLM(config=config), args.served_model_name, api_key, args.max_waiting_requests,
-                         args.drain_timeout, args.stream_interval, args.max_body_mib)
+                         args.drain_timeout, args.stream_interval, args.max_body_mib,
+                         chat_template=args.chat_template, tool_call_parser=args.tool_call_parser)
     backends = app.state.serve.backends
     print(f"nanocore serve: {app.state.serve.served_model_name} on http://{args.host}:{args.port}/v1 "
           f"({', '.join(f'{k}={v}' for k, v in backends.items())})", flush=True)

@@ -6,6 +6,8 @@ import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from nanocore.interfaces.structured_output import Constraint
+
 #: torch.Generator.manual_seed takes seeds in [0, 2**64).
 MAX_SEED = 2**64 - 1
 
@@ -38,6 +40,8 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled token's)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_output: Constraint | None = None  # what the output must match (a token mask per step)
+    logit_bias: dict[int, float] | None = None  # token id -> additive bias in [-100, 100]
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -88,6 +92,8 @@ class SamplingParams:
             (all(t >= 0 for t in self.stop_token_ids), f"stop_token_ids must be >= 0, got {self.stop_token_ids}"),
             (self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
              f"logprobs must be None or an integer >= 0 (number of top tokens), got {self.logprobs!r}"),
+            (self.logit_bias is None or all(_is_real(b) and -100 <= b <= 100 for b in self.logit_bias.values()),
+             f"logit_bias values must be numbers in [-100, 100], got {self.logit_bias!r}"),
         ]
         for ok, message in checks:
             if not ok:

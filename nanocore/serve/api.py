@@ -20,21 +20,26 @@ from nanocore.serve.openapi import errors, install_schema
 from nanocore.serve.prompts import PromptPreparer
 from nanocore.serve.protocol import APIError, bad_request, validation_message
 from nanocore.serve.request_fields import FieldCheck
+from nanocore.serve.tool_parsers import choose_parser
 from nanocore.serve.routes import add_generation_routes
 
 logger = logging.getLogger("nanocore.serve")
 
 
 class ServerState:
-    """What the routes need: the engine client, prompt preparation, the served name, the API key."""
+    """What the routes need: the engine client, prompt preparation, the served name, the API key, the tool call
+    parser. ``chat_template``: template text that replaces the tokenizer's; ``tool_call_parser``: a name of
+    ``tool_parsers.PARSERS`` or "auto"."""
 
     def __init__(self, client: EngineClient, served_model_name: str | None, api_key: str | None,
-                 drain_timeout_s: float = 30.0):
+                 drain_timeout_s: float = 30.0, chat_template: str | None = None, tool_call_parser: str = "auto"):
         self.client, self.served_model_name = client, served_model_name or client.info["model"]
         self.api_key, self.drain_timeout_s = api_key, drain_timeout_s
         self.backends = client.info["backends"]
-        self.max_model_len = client.info["max_model_len"]
-        self.prompts = PromptPreparer(client.tokenizer, self.max_model_len, client.info["vocab_size"])
+        self.max_model_len, self.vocab_size = client.info["max_model_len"], client.info["vocab_size"]
+        self.prompts = PromptPreparer(client.tokenizer, self.max_model_len, self.vocab_size, chat_template)
+        self.tool_parser = choose_parser(tool_call_parser, self.prompts.template_text,
+                                         client.info.get("architectures", []))
         self.check_fields = FieldCheck()
         self.created = int(time.time())
 

@@ -19,5 +19,6 @@ def describe(llm) -> dict[str, Any]:
     engine = llm.engine
     return {"model": engine.config.model, "device": str(engine.device),
             "vocab_size": getattr(engine.loaded.hf_config, "vocab_size", None),
+            "architectures": list(getattr(engine.loaded.hf_config, "architectures", None) or []),
             "max_model_len": engine.max_model_len, "max_num_seqs": engine.config.max_num_seqs,
             "backends": backends_in_use(engine)}

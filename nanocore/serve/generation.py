@@ -74,6 +74,7 @@ async def stream_events(client: EngineClient, streams: list[RequestStream], shap
                         prompt_tokens: int | None) -> AsyncIterator[str]:
     """SSE text: one write per engine update (all its choices' chunks), usage if asked, then [DONE]."""
     completion_tokens, text_offsets = 0, {}  # choice index -> characters streamed so far
+    tool_streams = {}  # choice index -> its ToolCallStream (None: content only)
     try:
         async for prompt_index, update in merged_updates(streams):
             if update.error is not None:
@@ -84,8 +85,10 @@ async def stream_events(client: EngineClient, streams: list[RequestStream], shap
                 index = prompt_index * n + delta.index
                 completion_tokens += len(delta.token_ids)
                 offset = text_offsets.get(index)
-                chunks.append(sse(shape.chunk(index, delta.text, delta.token_ids, delta.logprobs,
-                                              delta.finish_reason, role=offset is None, text_offset=offset or 0)))
+                if offset is None:
+                    tool_streams[index] = shape.tool_stream()
+                chunks.extend(sse(chunk) for chunk in shape.delta_chunks(index, delta, tool_streams[index],
+                                                                         role=offset is None, text_offset=offset or 0))
                 text_offsets[index] = (offset or 0) + len(delta.text)
             if chunks:
                 yield "".join(chunks)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -77,11 +78,26 @@ def _keeps_text(node: dict | None) -> bool:
     return True
 
 
-class PromptPreparer:
-    """Completion prompts and chat conversations to token ids, checked against ``max_model_len``."""
+def load_chat_template(value: str | None) -> str | None:
+    """``--chat-template``: a file holding a Jinja chat template, or the template text itself."""
+    if value is None:
+        return None
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            return f.read()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template {value!r} is neither a file nor a Jinja template; give the path of a "
+                     f"template file or the template text")
 
-    def __init__(self, tokenizer, max_model_len: int, vocab_size: int | None):
+
+class PromptPreparer:
+    """Completion prompts and chat conversations to token ids, checked against ``max_model_len``.
+    ``chat_template``: the template text chat requests use instead of the tokenizer's own."""
+
+    def __init__(self, tokenizer, max_model_len: int, vocab_size: int | None, chat_template: str | None = None):
         self.tokenizer, self.max_model_len, self.vocab_size = tokenizer, max_model_len, vocab_size
+        self.chat_template = chat_template
         self.max_chars_per_token = chars_per_token_bound(tokenizer)
         self._encode = fast_encoder(tokenizer)
         self.executor = ThreadPoolExecutor(TOKENIZE_THREADS, thread_name_prefix="nanocore-tokenize")
@@ -117,29 +133,41 @@ class PromptPreparer:
         except ValueError as exc:
             raise bad_request(f"{exc}", param) from None
 
+    @property
+    def template_text(self) -> str | None:
+        """The chat template in use (``--chat-template``, else the tokenizer's)."""
+        template = self.chat_template or getattr(self.tokenizer, "chat_template", None)
+        return None if template is None else str(template)
+
     async def chat_prompt(self, messages: list[dict[str, Any]], max_tokens: int | None,
                           add_generation_prompt: bool, chat_template_kwargs: dict | None,
-                          add_special_tokens: bool = False) -> list[int]:
+                          add_special_tokens: bool = False, tools: list[dict] | None = None) -> list[int]:
         token_ids = await self.off_loop(self._render_and_encode, messages, max_tokens, add_generation_prompt,
-                                         chat_template_kwargs, add_special_tokens)
+                                         chat_template_kwargs, add_special_tokens, tools)
         self.check_context(len(token_ids), max_tokens, "messages")
         return token_ids
 
     def _render_and_encode(self, messages, max_tokens, add_generation_prompt, chat_template_kwargs,
-                           add_special_tokens) -> list[int]:
-        text = self.render_chat(messages, add_generation_prompt, chat_template_kwargs)
+                           add_special_tokens, tools) -> list[int]:
+        text = self.render_chat(messages, add_generation_prompt, chat_template_kwargs, tools)
         self.check_bound(len(text), max_tokens, "messages")
         return self.encode(text, add_special_tokens, "messages")
 
     def render_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool,
-                    chat_template_kwargs: dict | None) -> str:
+                    chat_template_kwargs: dict | None, tools: list[dict] | None = None) -> str:
+        """The conversation as the chat template writes it; ``tools`` (OpenAI's list) are passed to the template."""
         tokenizer = self.tokenizer
-        if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise bad_request("this model's tokenizer has no chat template; use /v1/completions with plain "
-                              "prompts", "messages")
+        if tokenizer is None or not self.template_text:
+            raise bad_request("this model's tokenizer has no chat template; start the server with --chat-template "
+                              "or use /v1/completions with plain prompts", "messages")
+        options = dict(chat_template_kwargs or {})
+        if self.chat_template is not None:
+            options["chat_template"] = self.chat_template
+        if tools is not None:
+            options["tools"] = tools
         try:
             return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt,
-                                                 **(chat_template_kwargs or {}))
+                                                 **options)
         except Exception as exc:  # a template that rejects these messages (roles, order)
             raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
 

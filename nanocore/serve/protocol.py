@@ -1,6 +1,7 @@
 """Request bodies of the OpenAI API (the fields nanocore honours) and its error object."""
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
@@ -64,8 +65,17 @@ class SamplingFields(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     add_special_tokens: bool | None = None  # vLLM's: BOS and the like around a prompt (completions yes, chat no)
+    # checked and mapped by structured_fields (its messages say what to send)
+    logit_bias: Any = None
+    response_format: Any = None
+    structured_outputs: Any = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, **mapped: Any) -> SamplingParams:
+        """``mapped``: SamplingParams fields already checked (structured_output, logit_bias)."""
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > MAX_STOP_STRINGS:
             raise bad_request(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
@@ -80,7 +90,7 @@ class SamplingFields(BaseModel):
                 top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0), seed=self.seed, max_tokens=max_tokens,
                 min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
                 ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-                include_stop_str_in_output=self.include_stop_str_in_output)
+                include_stop_str_in_output=self.include_stop_str_in_output, **mapped)
         except ValueError as exc:
             raise bad_request(str(exc), _param_named_in(str(exc), defaults)) from None
 
@@ -123,19 +133,45 @@ class ChatMessage(BaseModel):
 
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's calls (its content may be null)
+    tool_call_id: str | None = None  # a tool message: the call it answers
+    name: str | None = None
 
     def template_dict(self) -> dict[str, Any]:
-        """The message as the chat template expects it: text parts joined into one string."""
+        """The message as the chat template expects it: text parts joined into one string, tool calls' arguments
+        as objects (templates write them with ``tojson``)."""
         content = self.content
         if isinstance(content, list):
             if any(part.get("type") != "text" for part in content):
                 raise bad_request("only text content parts are supported", "messages")
             content = "".join(str(part.get("text", "")) for part in content)
-        for name in ("tool_calls", "function_call"):
-            if (self.model_extra or {}).get(name):
-                raise bad_request(f"messages with {name} are not supported by nanocore", "messages")
+        if (self.model_extra or {}).get("function_call"):
+            raise bad_request("messages with function_call are not supported by nanocore; send tool_calls",
+                              "messages")
         check_unicode(content or "", "messages")
-        return {"role": self.role, "content": content or ""}
+        message: dict[str, Any] = {"role": self.role, "content": content or ""}
+        if self.tool_calls:
+            if self.role != "assistant":
+                raise bad_request(f"only assistant messages carry tool_calls, not {self.role} messages", "messages")
+            message["tool_calls"] = [_template_tool_call(call) for call in self.tool_calls]
+        message.update({key: getattr(self, key) for key in ("tool_call_id", "name") if getattr(self, key)})
+        return message
+
+
+def _template_tool_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call.get("function")
+    if call.get("type", "function") != "function" or not isinstance(function, dict) \
+            or not isinstance(function.get("name"), str):
+        raise bad_request('each tool call of an assistant message must be {"id": ..., "type": "function", '
+                          '"function": {"name": ..., "arguments": "<JSON text>"}}', "messages")
+    arguments = function.get("arguments") or "{}"
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError as exc:
+            raise bad_request(f"the arguments of tool call {function['name']!r} are not valid JSON: {exc}",
+                              "messages") from None
+    return {**call, "type": "function", "function": {**function, "arguments": arguments}}
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -146,6 +182,9 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: Any = None  # checked by tool_fields
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
 
     def num_logprobs(self) -> int | None:
         if not self.logprobs:
@@ -186,6 +225,7 @@ class TokenizeRequest(BaseModel):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages (as generation does)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: Any = None  # rendered by the chat template, as in chat completions
     return_token_strs: bool = False
 
 

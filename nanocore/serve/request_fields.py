@@ -1,7 +1,7 @@
 """Request fields nanocore does not implement: refused when they would change the output, accepted when not.
 
 A field outside the declared request models lands here. One that would change the output (``NOT_IMPLEMENTED``)
-gets a 400 naming it, unless it holds its neutral value (``best_of: 1``, ``response_format: {"type": "text"}``);
+gets a 400 naming it, unless it holds its neutral value (``best_of: 1``, ``modalities: ["text"]``);
 one that does not (``NO_EFFECT``) is accepted; any other is logged once as a warning, as vLLM does.
 """
 from __future__ import annotations
@@ -21,10 +21,6 @@ def _unset(value: Any) -> bool:
 
 def _one(value: Any) -> bool:
     return value is None or value == 1
-
-
-def _text_format(value: Any) -> bool:
-    return value is None or (isinstance(value, dict) and value.get("type") == "text")
 
 
 def _no_tool(value: Any) -> bool:
@@ -47,24 +43,17 @@ NOT_IMPLEMENTED = {
     "presence_penalty": (_unset, "leave it at 0"),
     "frequency_penalty": (_unset, "leave it at 0"),
     "repetition_penalty": (_one, "leave it at 1"),
-    "logit_bias": (_unset, "leave it out"),
-    "response_format": (_text_format, 'leave it out or send {"type": "text"}'),
-    "tools": (_unset, "leave it out"),
-    "tool_choice": (_no_tool, 'leave it out or send "none"'),
     "functions": (_unset, "leave it out"),
+    "tools": (_unset, "tools are served on /v1/chat/completions"),
+    "tool_choice": (_no_tool, "tools are served on /v1/chat/completions"),
     "function_call": (_no_tool, 'leave it out or send "none"'),
     "modalities": (_text_only, 'leave it out or send ["text"]'),
     "audio": (_unset, "leave it out"),
     "prediction": (_unset, "leave it out"),
     "reasoning_effort": (_unset, "leave it out"),
     "web_search_options": (_unset, "leave it out"),
-    "guided_json": (_unset, "leave it out"),
-    "guided_regex": (_unset, "leave it out"),
-    "guided_choice": (_unset, "leave it out"),
-    "guided_grammar": (_unset, "leave it out"),
-    "guided_decoding_backend": (_unset, "leave it out"),
+    "guided_decoding_backend": (_unset, "leave it out (the server's --structured-output backend is used)"),
     "guided_whitespace_pattern": (_unset, "leave it out"),
-    "structured_outputs": (_unset, "leave it out"),
     "prompt_logprobs": (_unset, "leave it out"),
     "use_beam_search": (_unset, "leave it false"),
     "length_penalty": (_one, "leave it at 1"),
@@ -81,7 +70,7 @@ NOT_IMPLEMENTED = {
 }
 
 #: fields that never change the output: accepted and not used
-NO_EFFECT = frozenset({"user", "store", "metadata", "service_tier", "parallel_tool_calls", "priority",
+NO_EFFECT = frozenset({"user", "store", "metadata", "service_tier", "priority",
                        "request_id", "cache_salt", "prompt_cache_key", "safety_identifier"})
 
 

@@ -5,6 +5,9 @@ import json
 from typing import Any
 
 from nanocore.engine.outputs import Logprob
+from nanocore.serve.request_state import SampleDelta
+from nanocore.serve.tool_fields import ToolPlan
+from nanocore.serve.tool_output import ToolCallStream, tool_finish_reason, whole_message
 
 
 def sse(payload: dict[str, Any] | str) -> str:
@@ -61,9 +64,12 @@ def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | Non
 class ResponseShape:
     """Ids, names and the completion / chat body layouts of one API call."""
 
-    def __init__(self, chat: bool, request_id: str, created: int, model: str, top_logprobs: int):
+    def __init__(self, chat: bool, request_id: str, created: int, model: str, top_logprobs: int,
+                 tools: ToolPlan | None = None):
         self.chat, self.id, self.created, self.model = chat, request_id, created, model
         self.top_logprobs = top_logprobs
+        self.tool_parser = tools.parser if tools is not None else None  # None: the output is content only
+        self.max_calls = tools.max_calls if tools is not None else None
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
@@ -79,15 +85,35 @@ class ResponseShape:
         for index, out in choices:
             row: dict[str, Any] = {"index": index, "logprobs": self.logprobs(out.token_ids, out.logprobs),
                                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
-            if self.chat:
+            if self.chat and self.tool_parser is not None:
+                row["message"], called = whole_message(self.tool_parser, out.text, self.max_calls)
+                row["finish_reason"] = tool_finish_reason(out.finish_reason, called)
+            elif self.chat:
                 row["message"] = {"role": "assistant", "content": out.text}
             else:
                 row["text"] = out.text
             rows.append(row)
         return {**self._envelope("chat.completion" if self.chat else "text_completion", rows), "usage": usage_counts}
 
+    def tool_stream(self) -> ToolCallStream | None:
+        """The tool call state of one streamed choice (None when the output is content only)."""
+        return ToolCallStream(self.tool_parser, self.max_calls) if self.tool_parser is not None else None
+
+    def delta_chunks(self, index: int, delta: SampleDelta, tools: ToolCallStream | None, role: bool,
+                     text_offset: int) -> list[dict[str, Any]]:
+        """The chunks of one engine delta of one choice: its content, then one chunk per tool call delta."""
+        text, calls, finish = delta.text, [], delta.finish_reason
+        if tools is not None:
+            text, calls = tools.feed(delta.text, finish is not None)
+            finish = tool_finish_reason(finish, tools.called)
+        first = self.chunk(index, text, delta.token_ids, delta.logprobs, None if calls[1:] else finish, role=role,
+                           text_offset=text_offset, tool_calls=calls[:1])
+        rest = [self.chunk(index, None, [], None, finish if n == len(calls) - 1 else None, tool_calls=[call])
+                for n, call in enumerate(calls[1:], start=1)]
+        return [first, *rest]
+
     def chunk(self, index: int, text: str | None, token_ids: list[int], logprobs, finish_reason: str | None,
-              role: bool = False, text_offset: int = 0) -> dict[str, Any]:
+              role: bool = False, text_offset: int = 0, tool_calls: list[dict[str, Any]] = ()) -> dict[str, Any]:
         """One stream chunk for one choice (chat: ``delta``; the first one of a choice carries the role).
         ``text_offset``: characters of this choice streamed before (completions logprobs count from there)."""
         row: dict[str, Any] = {"index": index, "finish_reason": finish_reason,
@@ -96,6 +122,8 @@ class ResponseShape:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:
                 delta["content"] = text
+            if tool_calls:
+                delta["tool_calls"] = list(tool_calls)
             row["delta"] = delta
         else:
             row["text"] = text or ""

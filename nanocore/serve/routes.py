@@ -17,6 +17,8 @@ from nanocore.serve.protocol import (
     bad_request,
 )
 from nanocore.serve.responses import ResponseShape
+from nanocore.serve.structured_fields import mapped_fields
+from nanocore.serve.tool_fields import check_tools, plan_tools
 
 GENERATION_RESPONSES = {200: {"content": {"text/event-stream": {}},
                               "description": "The completion (JSON), or server-sent events with stream=true"},
@@ -30,7 +32,7 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
     async def completions(body: CompletionRequest, raw: Request):
         state.check_model(body.model)
         state.check_fields(body.model_extra)
-        params = body.sampling_params(body.max_tokens, body.logprobs)
+        params = body.sampling_params(body.max_tokens, body.logprobs, **mapped_fields(body, state.vocab_size))
         state.check_n(params.n)
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
         prompts = await state.prompts.completion_prompts(body.prompts(), body.max_tokens, add_special)
@@ -43,13 +45,15 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
         state.check_model(body.model)
         state.check_fields(body.model_extra)
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-        params = body.sampling_params(max_tokens, body.num_logprobs())
+        tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, state.tool_parser)
+        forced = [("tool_choice", tools.constraint)] if tools.constraint is not None else []
+        params = body.sampling_params(max_tokens, body.num_logprobs(), **mapped_fields(body, state.vocab_size, forced))
         state.check_n(params.n)
         messages = [m.template_dict() for m in body.messages]
         prompt = await state.prompts.chat_prompt(messages, max_tokens, body.add_generation_prompt,
-                                                 body.chat_template_kwargs, bool(body.add_special_tokens))
+                                                 body.chat_template_kwargs, bool(body.add_special_tokens), tools.tools)
         shape = ResponseShape(True, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), state.served_model_name,
-                              params.logprobs or 0)
+                              params.logprobs or 0, tools)
         return await generate(state.client, [prompt], params, shape, body.stream, body.include_usage, raw)
 
     @app.post("/tokenize", dependencies=[auth], responses=errors(400, 401, 404, 413))
@@ -63,8 +67,9 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
             token_ids = await prompts.off_loop(prompts.encode, body.prompt, add_special, "prompt")
         else:
             messages = [m.template_dict() for m in body.messages]
+            tools = body.tools if check_tools(body.tools) else None
             text = await prompts.off_loop(prompts.render_chat, messages, body.add_generation_prompt,
-                                          body.chat_template_kwargs)
+                                          body.chat_template_kwargs, tools)
             token_ids = await prompts.off_loop(prompts.encode, text, bool(body.add_special_tokens), "messages")
         token_strs = prompts.token_strs(token_ids) if body.return_token_strs else None
         # a JSONResponse: FastAPI's own encoder walks a long id list in Python (seconds for 500k ids)

@@ -16,6 +16,8 @@ from nanocore.serve.api import ServerState, build_app
 from nanocore.serve.body_limit import DEFAULT_MAX_BODY_MIB
 from nanocore.serve.engine_client import EngineClient
 from nanocore.serve.engine_loop import EngineLoop
+from nanocore.serve.prompts import load_chat_template
+from nanocore.serve.tool_parsers import TOOL_CALL_PARSER_CHOICES
 
 #: The engine thread waits for the GPU with the GIL released; when the wait ends it must get the GIL back from
 #: the HTTP thread within about this long (Python's default, 5 ms, can idle the GPU for a whole decode step).
@@ -25,21 +27,36 @@ SHUTDOWN_BACKSTOP_S = 10.0  # uvicorn cancels what is left this long after the d
 
 def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | None = None,
                max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1,
-               max_body_mib: float = DEFAULT_MAX_BODY_MIB) -> FastAPI:
-    """The app with its engine loop already running in a thread (it stops at the app's shutdown)."""
+               max_body_mib: float = DEFAULT_MAX_BODY_MIB, chat_template: str | None = None,
+               tool_call_parser: str = "auto") -> FastAPI:
+    """The app with its engine loop already running in a thread (it stops at the app's shutdown).
+    ``chat_template``: a template file or text (``--chat-template``); ``tool_call_parser``: ``--tool-call-parser``."""
+    template, limit = _chat_options(chat_template, tool_call_parser), _bytes(max_body_mib)
     client = EngineClient(EngineLoop(llm, stream_interval=stream_interval), max_waiting_requests)
-    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), _bytes(max_body_mib))
+    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s, template, tool_call_parser),
+                     limit)
 
 
 def create_process_app(config, served_model_name: str | None = None, api_key: str | None = None,
                        max_waiting_requests: int = 1024, drain_timeout_s: float = 30.0, stream_interval: int = 1,
-                       log_level: str = "info", max_body_mib: float = DEFAULT_MAX_BODY_MIB) -> FastAPI:
+                       log_level: str = "info", max_body_mib: float = DEFAULT_MAX_BODY_MIB,
+                       chat_template: str | None = None, tool_call_parser: str = "auto") -> FastAPI:
     """The app over an engine in its own process (``engine_process.py``): HTTP and engine do not share a GIL."""
     from nanocore.serve.engine_process import ProcessTransport
 
+    template, limit = _chat_options(chat_template, tool_call_parser), _bytes(max_body_mib)
     client = EngineClient(ProcessTransport(config, stream_interval=stream_interval, log_level=log_level),
                           max_waiting_requests)
-    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), _bytes(max_body_mib))
+    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s, template, tool_call_parser),
+                     limit)
+
+
+def _chat_options(chat_template: str | None, tool_call_parser: str) -> str | None:
+    """The chat template's text; both options checked before an engine starts."""
+    if tool_call_parser not in TOOL_CALL_PARSER_CHOICES:
+        raise ValueError(f"unknown tool call parser {tool_call_parser!r}; choose one of "
+                         f"{list(TOOL_CALL_PARSER_CHOICES)}")
+    return load_chat_template(chat_template)
 
 
 def _bytes(mib: float) -> int:
