@@ -28,7 +28,7 @@ def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | No
                max_body_mib: float = DEFAULT_MAX_BODY_MIB) -> FastAPI:
     """The app with its engine loop already running in a thread (it stops at the app's shutdown)."""
     client = EngineClient(EngineLoop(llm, stream_interval=stream_interval), max_waiting_requests)
-    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), _bytes(max_body_mib))
+    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), body_limit_bytes(max_body_mib))
 
 
 def create_process_app(config, served_model_name: str | None = None, api_key: str | None = None,
@@ -39,10 +39,10 @@ def create_process_app(config, served_model_name: str | None = None, api_key: st
 
     client = EngineClient(ProcessTransport(config, stream_interval=stream_interval, log_level=log_level),
                           max_waiting_requests)
-    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), _bytes(max_body_mib))
+    return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s), body_limit_bytes(max_body_mib))
 
 
-def _bytes(mib: float) -> int:
+def body_limit_bytes(mib: float) -> int:
     if not mib > 0:
         raise ValueError(f"the request body limit must be > 0 MiB, got {mib}")
     return int(mib * (1 << 20))
