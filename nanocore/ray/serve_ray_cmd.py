@@ -73,7 +73,7 @@ def run(args) -> int:
     server = {"served_model_name": args.served_model_name, "api_key": args.api_key or os.environ.get(API_KEY_ENV),
               "max_waiting_requests": args.max_waiting_requests, "drain_timeout_s": args.drain_timeout,
               "max_body_mib": args.max_body_mib, "stream_interval": args.stream_interval}
-    ray.init(address=args.ray_address, logging_level=args.log_level.upper())
+    ray.init(address=args.ray_address, logging_level=getattr(logging, args.log_level.upper()))
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop drains like Ctrl-C
     try:
         serve.start(http_options={"host": args.host, "port": args.port})

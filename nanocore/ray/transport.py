@@ -15,6 +15,7 @@ import time
 
 from ray.exceptions import RayActorError
 
+from nanocore.serve.delivery import call_soon
 from nanocore.serve.engine_process import decode_error
 from nanocore.serve.protocol import APIError
 from nanocore.serve.request_state import NewRequest, RequestUpdate
@@ -131,7 +132,12 @@ class RayTransport:
             self.metrics.record(state.replica_id, len(state.request_ids))
 
     def abort(self, request_id: str) -> None:
-        """The client stopped waiting for ``request_id``; a batch nobody waits for is cancelled on its replica."""
+        """The client stopped waiting for ``request_id``; a batch nobody waits for is cancelled on its replica.
+        Thread-safe: the batches belong to the event loop, which does the work."""
+        if self._loop is not None:
+            call_soon(self._loop, self._abort_on_loop, request_id)
+
+    def _abort_on_loop(self, request_id: str) -> None:
         for task, state in list(self._batches.items()):
             if request_id in state.request_ids:
                 state.unfinished.discard(request_id)
@@ -142,7 +148,7 @@ class RayTransport:
         """End every batch in flight with ``message`` (a 503); may be called from any thread."""
         self._abort_message = message
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(_cancel_all, list(self._batches))
+            call_soon(self._loop, _cancel_all, self._batches)
 
     async def render_metrics(self) -> bytes:
         return self.metrics.render()
@@ -156,6 +162,6 @@ class RayTransport:
         self._closed = True
 
 
-def _cancel_all(tasks: list[asyncio.Task]) -> None:
-    for task in tasks:
+def _cancel_all(batches: dict[asyncio.Task, BatchState]) -> None:
+    for task in list(batches):
         task.cancel()
