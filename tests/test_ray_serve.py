@@ -141,15 +141,19 @@ def test_killed_replica_is_replaced_and_requests_keep_being_served(app):
     client = openai_client(url)
     prefix = "Requests of this prefix prefer the replica we kill. "
     victim = complete(client, model, prefix, max_tokens=1)[1]
+    survivor = set(alive_replica_ids()) - {victim}
     ray.kill(replica_actor(victim), no_restart=True)
     for i in range(4):  # right after the kill the router may still pick the dead replica: the batch is resent
         response, replica = complete(client, model, f"{prefix}{i}", max_tokens=2)
         assert replica != victim and response.choices[0].text is not None
-    while engine_replica_states() != {"RUNNING": 2}:  # the replacement started (the alarm bounds the wait)
+    while True:  # the controller made a replacement and it runs (the alarm bounds the wait)
+        replicas = set(alive_replica_ids())
+        if victim not in replicas and len(replicas) == 2 and engine_replica_states() == {"RUNNING": 2}:
+            break
         time.sleep(0.5)
-    assert victim not in alive_replica_ids()
+    assert len(survivor) == 1 and len(replicas - survivor) == 1, (victim, survivor, replicas)
     served = {complete(client, model, f"{i} after the restart {i}", max_tokens=1)[1] for i in range(16)}
-    assert served == set(alive_replica_ids()), served  # the replacement serves too
+    assert served == replicas, served  # the replacement serves too
 
 
 def engine_replica_states() -> dict[str, int]:
