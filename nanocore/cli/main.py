@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "nanocore.cli.quantize_cmd",
     "nanocore.cli.tune_cmd",
     "nanocore.cli.serve_cmd",
+    "nanocore.ray.serve_ray_cmd",  # imports ray only when run (an optional extra)
 ]
 
 

@@ -19,7 +19,17 @@ API_KEY_ENV = "NANOCORE_API_KEY"
 def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (default model, CPU or GPU)",
                               description=__doc__)
-    s = p.add_argument_group("server")
+    s = add_server_args(p)
+    s.add_argument("--engine-process", choices=["auto", "on", "off"], default="auto",
+                   help="run the engine in its own process, so HTTP work and engine steps do not share one GIL "
+                        "(default auto: on for a GPU, off for the CPU, whose steps are compute-bound anyway)")
+    add_engine_args(p)
+    p.set_defaults(func=run)
+
+
+def add_server_args(parser):
+    """The HTTP flags (``nanocore serve`` and ``nanocore serve-ray``); returns their group."""
+    s = parser.add_argument_group("server")
     s.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     s.add_argument("--served-model-name", default=None, help="the model name clients send (default: --model)")
@@ -33,17 +43,22 @@ def register(subparsers) -> None:
                    help=f"largest request body in MiB; a larger one gets HTTP 413 (default {DEFAULT_MAX_BODY_MIB:g})")
     s.add_argument("--stream-interval", type=int, default=1,
                    help="tokens per streamed chunk after the first (default 1; larger = less HTTP work per token)")
-    s.add_argument("--engine-process", choices=["auto", "on", "off"], default="auto",
-                   help="run the engine in its own process, so HTTP work and engine steps do not share one GIL "
-                        "(default auto: on for a GPU, off for the CPU, whose steps are compute-bound anyway)")
     s.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
                    help="Jinja chat template (a file, or the template text) used instead of the tokenizer's")
     s.add_argument("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSER_CHOICES,
                    help="how tool calls are found in the output for tool_choice 'auto' (default auto: from the "
                         "chat template's markers, else the model's architecture)")
     s.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
-    add_engine_args(p)
-    p.set_defaults(func=run)
+    return s
+
+
+def check_server_args(args) -> None:
+    if args.max_waiting_requests < 1:
+        raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
+    if not args.max_body_mib > 0:
+        raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
+    if args.stream_interval < 1:
+        raise ValueError(f"--stream-interval must be >= 1 (tokens per streamed chunk), got {args.stream_interval}")
 
 
 def run(args) -> int:
@@ -51,10 +66,7 @@ def run(args) -> int:
     from nanocore.serve.prompts import load_chat_template
     from nanocore.serve.server import create_app, create_process_app, serve
 
-    if args.max_waiting_requests < 1:
-        raise ValueError(f"--max-waiting-requests must be >= 1, got {args.max_waiting_requests}")
-    if not args.max_body_mib > 0:
-        raise ValueError(f"--max-body-mib must be > 0, got {args.max_body_mib}")
+    check_server_args(args)
     config = engine_config_from_args(args)  # config errors before the model loads
     load_chat_template(args.chat_template)
     logging.getLogger("nanocore").setLevel(logging.INFO)

@@ -31,7 +31,7 @@ def create_app(llm: LLM, served_model_name: str | None = None, api_key: str | No
                tool_call_parser: str = "auto") -> FastAPI:
     """The app with its engine loop already running in a thread (it stops at the app's shutdown).
     ``chat_template``: a template file or text (``--chat-template``); ``tool_call_parser``: ``--tool-call-parser``."""
-    template, limit = _chat_options(chat_template, tool_call_parser), _bytes(max_body_mib)
+    template, limit = chat_options(chat_template, tool_call_parser), body_limit_bytes(max_body_mib)
     client = EngineClient(EngineLoop(llm, stream_interval=stream_interval), max_waiting_requests)
     return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s, template, tool_call_parser),
                      limit)
@@ -44,14 +44,14 @@ def create_process_app(config, served_model_name: str | None = None, api_key: st
     """The app over an engine in its own process (``engine_process.py``): HTTP and engine do not share a GIL."""
     from nanocore.serve.engine_process import ProcessTransport
 
-    template, limit = _chat_options(chat_template, tool_call_parser), _bytes(max_body_mib)
+    template, limit = chat_options(chat_template, tool_call_parser), body_limit_bytes(max_body_mib)
     client = EngineClient(ProcessTransport(config, stream_interval=stream_interval, log_level=log_level),
                           max_waiting_requests)
     return build_app(ServerState(client, served_model_name, api_key, drain_timeout_s, template, tool_call_parser),
                      limit)
 
 
-def _chat_options(chat_template: str | None, tool_call_parser: str) -> str | None:
+def chat_options(chat_template: str | None, tool_call_parser: str) -> str | None:
     """The chat template's text; both options checked before an engine starts."""
     if tool_call_parser not in TOOL_CALL_PARSER_CHOICES:
         raise ValueError(f"unknown tool call parser {tool_call_parser!r}; choose one of "
@@ -59,7 +59,7 @@ def _chat_options(chat_template: str | None, tool_call_parser: str) -> str | Non
     return load_chat_template(chat_template)
 
 
-def _bytes(mib: float) -> int:
+def body_limit_bytes(mib: float) -> int:
     if not mib > 0:
         raise ValueError(f"the request body limit must be > 0 MiB, got {mib}")
     return int(mib * (1 << 20))
