@@ -3,12 +3,17 @@ full forward of the prompt (``prompt_logits``, as ``nanocore eval`` scores text)
 from __future__ import annotations
 
 import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from nanocore.engine.llm import LLM
-from nanocore.engine.sampling_params import SamplingParams
+sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from model_fixtures import make_checkpoint  # noqa: E402
+
+from nanocore.engine.llm import LLM  # noqa: E402
+from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 
 TINY = dict(device="cpu", dtype="float32", num_kv_blocks=128, block_size=16, kv_codec="unquantized")
 PROMPT = [(7 * i + 3) % 500 + 1 for i in range(70)]  # 70 tokens: five chunks of 16
@@ -135,3 +140,23 @@ def test_default_model_prompt_logprobs_chunked_and_after_a_cache_warm_up():
     assert out.num_cached_tokens == 0
     check_against(ref, prompt, out.prompt_logprobs, 5, atol=2e-4)
     assert out.prompt_logprobs[1][prompt[1]].decoded_token == llm.engine.tokenizer.decode([prompt[1]])
+
+
+@pytest.mark.slow
+def test_tensor_parallel_ranks_score_the_prompt_as_one_rank(tmp_path, monkeypatch):
+    """The plan carries the targets to every rank; each computes the logits (a collective), rank 0 keeps them."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = str(make_checkpoint(tmp_path / "qwen2", "qwen2"))
+    fields = dict(device="cpu", dtype="float32", num_kv_blocks=64, block_size=16, prefix_cache="none",
+                  scheduler_policy="prefill_first", max_num_batched_tokens=16)
+    params, prompt = SamplingParams(max_tokens=3, temperature=0, prompt_logprobs=2), [t % 250 + 3 for t in PROMPT[:47]]
+    one = LLM(path, **fields).generate([prompt], params, use_tqdm=False)[0]
+    two_ranks = LLM(path, tensor_parallel_size=2, **fields)
+    try:
+        two = two_ranks.generate([prompt], params, use_tqdm=False)[0]
+    finally:
+        two_ranks.close()
+    assert two.outputs[0].token_ids == one.outputs[0].token_ids
+    for a, b in zip(one.prompt_logprobs[1:], two.prompt_logprobs[1:]):
+        assert list(a) == list(b) and [e.logprob for e in a.values()] == pytest.approx(
+            [e.logprob for e in b.values()], abs=1e-5)
