@@ -116,7 +116,8 @@ def test_banned_tokens_are_never_sampled():
 @pytest.mark.parametrize("kwargs, message", [
     ({"n": 0}, "n must be"), ({"temperature": -0.1}, "temperature must be"), ({"top_k": -2}, "top_k must be"),
     ({"top_p": 0.0}, "top_p must be"), ({"top_p": 1.5}, "top_p must be"), ({"min_p": 2.0}, "min_p must be"),
-    ({"max_tokens": 0}, "max_tokens must be"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
+    ({"max_tokens": -1}, "max_tokens must be"), ({"prompt_logprobs": -1}, "prompt_logprobs must be"),
+    ({"prompt_logprobs": True}, "prompt_logprobs must be"), ({"min_tokens": 5, "max_tokens": 2}, "min_tokens"),
     ({"seed": -1}, "seed must be"), ({"logprobs": -1}, "logprobs must be"), ({"stop": [""]}, "stop must be"),
     # wrong types and non-finite values: a clear ValueError, not a TypeError from a comparison or a crash in the
     # sampler (logprobs=True reached torch.topk; temperature=inf sampled NaNs; seed=2**70 overflowed manual_seed)

@@ -63,7 +63,8 @@ def test_unknown_model_is_404(url):
     ({"prompt": [1, 2, 99_999]}, ["token ids"]),
     ({"prompt": "text"}, ["no tokenizer"]),
     ({"prompt": []}, ["prompt"]),
-    ({"echo": True}, ["echo"]),
+    ({"prompt_logprobs": 21}, ["prompt_logprobs", "[0, 20]"]),
+    ({"prompt_logprobs": 1, "stream": True}, ["prompt_logprobs", "stream"]),
     ({"logprobs": 50}, ["logprobs"]),
     ({"stop": "x"}, ["stop strings", "tokenizer"]),
 ])

@@ -26,7 +26,9 @@ def server():
     llm = LLM("default", device="cpu", num_kv_blocks=256, block_size=16)
     greedy = SamplingParams(temperature=0, max_tokens=12)
     reference = {"completion": llm.generate(PROMPT, greedy, use_tqdm=False)[0].outputs[0].text,
-                 "chat": llm.chat(CHAT, greedy, use_tqdm=False)[0].outputs[0].text}
+                 "chat": llm.chat(CHAT, greedy, use_tqdm=False)[0].outputs[0].text,
+                 "chat_prompt_logprobs": llm.chat(CHAT, SamplingParams(max_tokens=0, prompt_logprobs=1),
+                                                  use_tqdm=False)[0].prompt_logprobs}
     with running_server(llm, served_model_name=NAME) as (url, _):
         yield openai_client(url), reference
 
@@ -111,3 +113,15 @@ def test_models_lists_the_served_name(server):
     client, _ = server
     models = client.models.list().data
     assert [m.id for m in models] == [NAME]
+
+
+def test_chat_prompt_logprobs_as_vllm_beside_the_choices(server):
+    client, reference = server
+    response = client.chat.completions.create(model=NAME, messages=CHAT, max_tokens=0,
+                                              extra_body={"prompt_logprobs": 1})
+    assert response.choices[0].message.content == "" and response.choices[0].finish_reason == "length"
+    served, offline = response.model_extra["prompt_logprobs"], reference["chat_prompt_logprobs"]
+    assert served[0] is None and len(served) == len(offline) == response.usage.prompt_tokens
+    for entries, expected in zip(served[1:], offline[1:]):
+        assert {int(t): e["logprob"] for t, e in entries.items()} == pytest.approx(
+            {t: e.logprob for t, e in expected.items()}, abs=1e-4)

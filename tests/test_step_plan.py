@@ -34,8 +34,10 @@ def test_every_plan_of_a_run_is_plain_data_and_survives_the_wire():
 
     llm.engine.scheduler.schedule = recording
     params = [SamplingParams(temperature=0.8, seed=3, max_tokens=20, min_tokens=4, logprobs=1, stop_token_ids=[7]),
-              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2)]
-    llm.generate(["hello there", "abc"], params, use_tqdm=False)
+              SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2),
+              SamplingParams(max_tokens=0, prompt_logprobs=2)]
+    llm.generate(["hello there", "abc", "a prompt scored in chunks"], params, use_tqdm=False)
+    assert any(r.prompt_targets for p in plans for r in p.rows)
     assert len(plans) > 10 and any(p.finished_seq_ids for p in plans) and any(len(p.rows) > 1 for p in plans)
     for plan in plans:
         columns = encode_plan(plan)

@@ -39,14 +39,16 @@ class BlockManager:
         """Extra blocks ``seq`` needs so its table covers its first ``num_tokens`` tokens."""
         return max(0, -(-num_tokens // self.block_size) - seq.num_blocks)
 
-    def match_prefix(self, seq: Sequence) -> int:
+    def match_prefix(self, seq: Sequence, max_tokens: int | None = None) -> int:
         """Reuse cached blocks for a sequence holding none; return the number of cached tokens.
 
         At most ``(num_tokens - 1) // block_size`` blocks: the last token is always recomputed so the
-        step produces logits to sample from.
+        step produces logits to sample from. ``max_tokens``: serve at most that many (prompt logprobs
+        need their positions computed).
         """
         assert seq.num_blocks == 0 and seq.num_computed_tokens == 0, "match_prefix is for sequences without KV"
-        max_blocks = (seq.num_tokens - 1) // self.block_size
+        max_blocks = (min(seq.num_tokens - 1, seq.num_tokens if max_tokens is None else max_tokens)
+                      // self.block_size)
         if max_blocks == 0:
             return 0
         matched = list(self.prefix_cache.match(seq.token_ids[:max_blocks * self.block_size]))[:max_blocks]

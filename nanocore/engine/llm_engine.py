@@ -100,7 +100,7 @@ class LLMEngine:
         """Queue a prompt (text or token ids); raises ValueError if it can never run."""
         params = sampling_params or SamplingParams()
         token_ids = self._check_request(prompt, params)
-        max_tokens = params.max_tokens or self.max_model_len - len(token_ids)
+        max_tokens = self.max_model_len - len(token_ids) if params.max_tokens is None else params.max_tokens
         self.scheduler.check_fits(len(token_ids), max(max_tokens, 1))
         request_id = request_id if request_id is not None else str(next(self._request_ids))
         if request_id in self.requests:

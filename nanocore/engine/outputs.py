@@ -36,6 +36,8 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    #: with ``prompt_logprobs``: None for the first prompt token, then one dict per prompt token (as ``logprobs``)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 @dataclass
@@ -63,7 +65,15 @@ def request_output(request_id: str, prompt, prompt_token_ids: list[int], seqs, d
         request_id=request_id, prompt=prompt, prompt_token_ids=prompt_token_ids,
         outputs=[completion_output(seq, det, tokenizer) for seq, det in zip(seqs, detokenizers)],
         finished=finished, num_cached_tokens=max(0, seqs[0].num_cached_tokens),
+        prompt_logprobs=prompt_logprobs(seqs[0], tokenizer),
     )
+
+
+def prompt_logprobs(seq, tokenizer) -> list[dict[int, Logprob] | None] | None:
+    """vLLM's layout: None for the first prompt token (nothing predicts it), then one dict per scored token."""
+    if seq.prompt_logprobs is None:
+        return None
+    return [None, *(logprob_dict(entry, tokenizer) for entry in seq.prompt_logprobs)]
 
 
 def completion_output(seq, detokenizer, tokenizer) -> CompletionOutput:

@@ -32,12 +32,13 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
-    max_tokens: int | None = 16  # None = until max_model_len
+    max_tokens: int | None = 16  # None = until max_model_len; 0 = the prompt only (prefill, no output)
     min_tokens: int = 0
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled token's)
+    prompt_logprobs: int | None = None  # top-N logprobs per prompt token (plus the prompt token's), as vLLM
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     structured_output: Constraint | None = None  # what the output must match (a token mask per step)
@@ -66,7 +67,8 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
-        for name in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs"):  # numpy ints -> int
+        for name in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs",
+                     "prompt_logprobs"):  # numpy ints -> int
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, int(value))
@@ -82,8 +84,10 @@ class SamplingParams:
             (_is_real(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be a number in [0, 1], got {self.min_p!r}"),
             (self.seed is None or (_is_int(self.seed) and 0 <= self.seed <= MAX_SEED),
              f"seed must be None or an integer in [0, 2**64), got {self.seed!r}"),
-            (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
-             f"max_tokens must be None or an integer >= 1, got {self.max_tokens!r}"),
+            (self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 0),
+             f"max_tokens must be None or an integer >= 0 (0: score the prompt only), got {self.max_tokens!r}"),
+            (self.prompt_logprobs is None or (_is_int(self.prompt_logprobs) and self.prompt_logprobs >= 0),
+             f"prompt_logprobs must be None or an integer >= 0 (number of top tokens), got {self.prompt_logprobs!r}"),
             (_is_int(self.min_tokens) and self.min_tokens >= 0,
              f"min_tokens must be an integer >= 0, got {self.min_tokens!r}"),
             (not (_is_int(self.min_tokens) and _is_int(self.max_tokens)) or self.min_tokens <= self.max_tokens,

@@ -16,6 +16,11 @@ from typing import Callable, Iterator
 
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.lookahead import Lookahead, lookahead_rows, plan_lookahead
+from nanocore.engine.prompt_scoring import (
+    cached_token_limit,
+    ends_after_prefill,
+    scheduled_row,
+)
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.schedule_checks import PolicyError, check_fits, validate_decision
 from nanocore.engine.sequence import Sequence, SequenceStatus
@@ -148,7 +153,7 @@ class Scheduler:
         else:
             position = self.waiting.index(seq)
             del self.waiting[position]
-        cached = self.block_manager.match_prefix(seq)
+        cached = self.block_manager.match_prefix(seq, cached_token_limit(seq))
         num_tokens = min(num_tokens, seq.num_uncomputed_tokens)
         if not self.block_manager.allocate(seq, seq.num_computed_tokens + num_tokens):
             self.block_manager.free(seq)
@@ -189,13 +194,7 @@ class Scheduler:
 
     def _plan(self, batch: ScheduledBatch) -> StepPlan:
         """The runner's view of ``batch``: one row per sequence, plus what changed since the previous plan."""
-        rows = []
-        for seq, n in zip(batch.seqs, batch.num_tokens):
-            start = seq.num_computed_tokens
-            end = start + n
-            rows.append(ScheduledRow(seq.seq_id, start, seq.token_ids[start:end], seq.block_table,
-                                     end == seq.num_tokens, seq.num_tokens - seq.num_prompt_tokens, seq.sampling))
-        plan = StepPlan(rows, self._finished_ids, self._reset_ids)
+        plan = StepPlan(list(map(scheduled_row, batch.seqs, batch.num_tokens)), self._finished_ids, self._reset_ids)
         self._finished_ids, self._reset_ids, self.batch, self.plan = [], [], batch, plan
         if self.lookahead is not None:  # the planned step's forward ran: usable if this is exactly its batch
             plan.ahead_rows = self.lookahead.rows_for(batch.seqs, batch.total_tokens)
@@ -235,15 +234,23 @@ class Scheduler:
         """Apply a step: advance each row's computed tokens (publishing blocks it filled), append each sampled
         token (and its logprobs), apply the stop ``stop_of`` reports and free what finished; returns those."""
         block_manager, block_size = self.block_manager, self.block_manager.block_size
-        seqs = self.batch.seqs
+        seqs, prefilled = self.batch.seqs, []
         for seq, row in zip(seqs, plan.rows):
             seq.num_computed_tokens += len(row.token_ids)
             if seq.num_computed_tokens // block_size > seq.num_published_blocks:  # only when a block filled up
                 block_manager.publish(seq)
+            if row.prompt_targets is not None:  # only positions not scored before: a recomputed chunk repeats some
+                seq.prompt_logprobs += output.prompt_logprobs[seq.seq_id][len(seq.prompt_logprobs) - row.start:]
+            if not row.samples and ends_after_prefill(seq, row):
+                prefilled.append(seq)
         if len(output.seq_ids) < len(seqs):  # rank 0 samples exactly the rows that reach their newest token
             seqs = [seq for seq, row in zip(seqs, plan.rows) if row.samples]
         assert plan is self.plan and len(seqs) == len(output.token_ids), "the output does not answer the latest plan"
         finished = []
+        for seq in prefilled:
+            seq.finish_reason, seq.stop_reason = "length", None
+            self.finish(seq)
+            finished.append(seq)
         logprobs = output.logprobs
         for i, (seq, token_id) in enumerate(zip(seqs, output.token_ids)):
             seq.append_token(token_id)

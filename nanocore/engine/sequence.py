@@ -18,6 +18,7 @@ class Sequence:
         "seq_id", "arrival_index", "request_id", "index", "token_ids", "num_tokens", "num_prompt_tokens",
         "num_computed_tokens", "num_published_blocks", "block_table", "sampling_params", "status",
         "num_cached_tokens", "finish_reason", "stop_reason", "output_logprobs", "sampling", "max_tokens",
+        "prompt_logprobs",
     )
 
     def __init__(self, seq_id: int, arrival_index: int, prompt_token_ids: list[int],
@@ -40,6 +41,9 @@ class Sequence:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.output_logprobs: list[dict] | None = [] if sampling_params.logprobs is not None else None
+        #: one entry per prompt position scored so far (its next token's); the request's first sample scores them
+        self.prompt_logprobs: list[tuple] | None = (
+            [] if sampling_params.prompt_logprobs is not None and index == 0 else None)
         self.sampling = sampling or row_sampling(sampling_params)
 
     def __repr__(self) -> str:
@@ -69,6 +73,11 @@ class Sequence:
     def reaches_length(self, num_tokens: int, max_model_len: int) -> bool:
         """Whether holding ``num_tokens`` tokens ends this sequence by length (max_tokens or max_model_len)."""
         return num_tokens - self.num_prompt_tokens >= self.max_tokens or num_tokens >= max_model_len
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Some prompt logprobs are still to compute: the prefix cache may serve only positions already scored."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.num_prompt_tokens - 1
 
     def append_token(self, token_id: int) -> None:
         self.token_ids.append(token_id)

@@ -11,6 +11,7 @@ import torch
 from nanocore.kernels.attention_config import longest_first
 from nanocore.layers.attention import AttentionMetadata
 from nanocore.runner.host_transfer import upload
+from nanocore.runner.prompt_logprobs import PromptRows, prompt_positions
 from nanocore.runner.step_plan import AheadPlan, StepPlan
 
 
@@ -21,6 +22,7 @@ class StepInputs:
     meta: AttentionMetadata
     logits_indices: torch.Tensor | None  # rows of the hidden states that produce logits (None: every row)
     sample_rows: list[int]  # batch indices of the rows that sample this step
+    prompt: PromptRows | None = None  # prompt positions some rows score this step
 
 
 def block_table_array(tables: list[list[int]], width: int = 0) -> np.ndarray:
@@ -85,11 +87,15 @@ class InputBuilder:
             samples = np.fromiter((r.samples for r in rows), bool, num_seqs)
             sample_rows = np.flatnonzero(samples).tolist()
             logits_indices = cu_seqlens[1:][samples] - 1
+        scoring, prompt_indices, targets = prompt_positions(rows, cu_seqlens) if not all_logits else ([], [], [])
         tables = self._tables(plan, cached=not all_logits)
-        pos, meta, (ids, logits_rows) = self._device_inputs(
-            tables, seq_index, positions, cu_seqlens, seq_lens, query_lens.tolist(), [input_ids, logits_indices],
-            kv_caches, codec)
-        return StepInputs(ids, pos, meta, logits_rows, sample_rows)
+        pos, meta, (ids, logits_rows, *prompt) = self._device_inputs(
+            tables, seq_index, positions, cu_seqlens, seq_lens, query_lens.tolist(),
+            [input_ids, logits_indices, *([prompt_indices, targets] if scoring else [])], kv_caches, codec)
+        inputs = StepInputs(ids, pos, meta, logits_rows, sample_rows)
+        if scoring:
+            inputs.prompt = PromptRows(scoring, *prompt, max(rows[i].num_prompt_logprobs for i in scoring))
+        return inputs
 
     def prepare_ahead(self, ahead: AheadPlan, token_ids: torch.Tensor, kv_caches, codec) -> StepInputs:
         """Inputs of a look-ahead decode step, fed by ``token_ids`` (the previous step's samples, on the device)."""

@@ -21,6 +21,7 @@ from nanocore.runner.cuda_graphs import capture_graphs
 from nanocore.runner.host_transfer import HostCopy, upload
 from nanocore.runner.inputs import InputBuilder, StepInputs
 from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
+from nanocore.runner.prompt_logprobs import PendingPromptLogprobs, PromptRows, score_prompts
 from nanocore.runner.sampling_inputs import SamplingInputs
 from nanocore.runner.step_plan import AheadPlan, ScheduledRow, StepOutput, StepPlan
 
@@ -30,8 +31,9 @@ logger = logging.getLogger("nanocore")
 class PendingOutput:
     """A step's sampling queued on the device; ``result()`` waits for the sampled ids (pinned copies)."""
 
-    def __init__(self, rows: list[ScheduledRow], out: SamplerOutput | None = None):
-        self.rows, self.out = rows, out
+    def __init__(self, rows: list[ScheduledRow], out: SamplerOutput | None = None,
+                 prompt: PendingPromptLogprobs | None = None):
+        self.rows, self.out, self.prompt = rows, out, prompt
         self.host_ids = HostCopy(out.token_ids) if out is not None else None
         # logprobs too: a pageable copy would wait for the look-ahead forward queued after this step
         self.host_logprobs = None if out is None or out.logprobs is None else tuple(
@@ -43,9 +45,10 @@ class PendingOutput:
         return self.out.token_ids
 
     def result(self) -> StepOutput:
+        prompt = None if self.prompt is None else self.prompt.result()
         if self.out is None:  # nothing sampled, or a rank that does not sample
-            return StepOutput([], [])
-        output = StepOutput([r.seq_id for r in self.rows], self.host_ids.tolist())
+            return StepOutput([], [], prompt_logprobs=prompt)
+        output = StepOutput([r.seq_id for r in self.rows], self.host_ids.tolist(), prompt_logprobs=prompt)
         if self.host_logprobs is not None:
             ids, lps, ranks = (copy.tolist() for copy in self.host_logprobs)
             keep = [1 + (r.sampling.logprobs or 0) for r in self.rows]
@@ -116,7 +119,7 @@ class ModelRunner:
         if plan.reset_seq_ids:
             self.inputs.tables.forget(plan.reset_seq_ids)
         ahead, self._ahead_hidden = self._ahead_hidden, None
-        rows = plan.rows
+        rows, prompt = plan.rows, None
         if plan.ahead_rows is not None and ahead is not None:
             hidden = ahead if len(plan.ahead_rows) == ahead.shape[0] else ahead.index_select(
                 0, upload(np.asarray(plan.ahead_rows, dtype=np.int64), self.device))
@@ -124,15 +127,23 @@ class ModelRunner:
         else:
             inputs = self.prepare(plan)
             hidden = self._forward(inputs)
+            if inputs.prompt is not None:
+                prompt = self._score_prompts(hidden, inputs.prompt, rows)
             sampled = [rows[i] for i in inputs.sample_rows]
             if len(sampled) < len(rows) or inputs.meta.max_query_len > 1:
                 hidden = hidden[inputs.logits_indices]
         if not sampled:
-            return PendingOutput([])
+            return PendingOutput([], prompt=prompt)
         logits = self.model.compute_logits(hidden)
         if not self.samples:
             return PendingOutput([])
-        return PendingOutput(sampled, self.sampler(logits, self.sampling.tensors(sampled)))
+        return PendingOutput(sampled, self.sampler(logits, self.sampling.tensors(sampled)), prompt)
+
+    def _score_prompts(self, hidden: torch.Tensor, prompt: PromptRows,
+                       rows: list[ScheduledRow]) -> PendingPromptLogprobs | None:
+        """Prompt logprobs of the positions rows score, queued (every rank computes the logits; rank 0 keeps them)."""
+        scored = score_prompts(self.model, hidden, prompt, self.samples)
+        return None if scored is None else PendingPromptLogprobs([rows[i] for i in prompt.rows], scored)
 
     @torch.inference_mode()
     def launch_ahead(self, ahead: AheadPlan, token_ids: torch.Tensor) -> None:

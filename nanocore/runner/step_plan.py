@@ -36,6 +36,10 @@ class ScheduledRow:
     samples: bool  # the row reaches the sequence's newest token, so the step samples its next one
     num_output_tokens: int  # tokens generated so far (min_tokens bans)
     sampling: RowSampling
+    #: prompt logprobs this step scores: for positions ``start, start + 1, ...`` the prompt token that follows
+    #: each (None: none); the rank that samples returns the target's logprob, rank and the top ``num_prompt_logprobs``
+    prompt_targets: list[int] | None = None
+    num_prompt_logprobs: int = 0
 
 
 seq_id_of = attrgetter("seq_id")
@@ -82,16 +86,19 @@ class StepOutput:
     token_ids: list[int]
     #: per sampled row: (token ids, logprobs, rank of the sampled token); the first id is the sampled one
     logprobs: list[tuple[list[int], list[float], int]] | None = None
+    #: seq id -> one such entry per position of its row's ``prompt_targets`` (the first id is the target)
+    prompt_logprobs: dict[int, list[tuple[list[int], list[float], int]]] | None = None
 
 
 ROW_FIELDS = ("seq_id", "start", "token_ids", "block_table", "samples", "num_output_tokens")
+PROMPT_FIELDS = ("prompt_targets", "num_prompt_logprobs")  # after ``sampling``, with defaults
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed", "min_tokens", "min_tokens_banned")
 
 
 def encode_plan(plan: StepPlan) -> dict[str, list]:
     """``plan`` as columns of ints, floats and lists of them (what travels to other ranks: data, never objects)."""
     rows = plan.rows
-    columns = {name: [getattr(r, name) for r in rows] for name in ROW_FIELDS}
+    columns = {name: [getattr(r, name) for r in rows] for name in (*ROW_FIELDS, *PROMPT_FIELDS)}
     columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS[:-1]),
                             list(r.sampling.min_tokens_banned)] for r in rows]
     columns["finished_seq_ids"], columns["reset_seq_ids"] = plan.finished_seq_ids, plan.reset_seq_ids
@@ -101,10 +108,11 @@ def encode_plan(plan: StepPlan) -> dict[str, list]:
 
 def decode_plan(columns: dict[str, list]) -> StepPlan:
     """The ``StepPlan`` that ``encode_plan`` wrote; ValueError on columns of different lengths (a malformed message)."""
-    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling")}
+    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling", *PROMPT_FIELDS)}
     if len(set(lengths.values())) != 1:
         raise ValueError(f"malformed step plan: its columns have different lengths {lengths}")
     sampling = [RowSampling(*values[:-1], tuple(values[-1])) for values in columns["sampling"]]
-    rows = [ScheduledRow(*values, s)
-            for *values, s in zip(*(columns[name] for name in ROW_FIELDS), sampling, strict=True)]
+    rows = [ScheduledRow(*values, s, targets, num)
+            for *values, s, targets, num in zip(*(columns[name] for name in ROW_FIELDS), sampling,
+                                                 *(columns[name] for name in PROMPT_FIELDS), strict=True)]
     return StepPlan(rows, columns["finished_seq_ids"], columns["reset_seq_ids"], columns["ahead_rows"])

@@ -12,7 +12,7 @@ from nanocore.serve.delivery import RequestStream
 from nanocore.serve.engine_client import EngineClient
 from nanocore.serve.protocol import APIError, bad_request
 from nanocore.serve.request_state import RequestUpdate
-from nanocore.serve.responses import ResponseShape, sse, usage
+from nanocore.serve.responses import ResponseShape, echoed, sse, usage
 
 DONE = "data: [DONE]\n\n"
 
@@ -22,7 +22,7 @@ async def generate(client: EngineClient, prompts: list[list[int]], params: Sampl
     streams = await submit_all(client, prompts, params, stream)
     prompt_tokens = sum(len(p) for p in prompts)
     if stream:
-        events = stream_events(client, streams, shape, params.n, prompt_tokens if include_usage else None)
+        events = stream_events(client, streams, shape, params.n, prompt_tokens if include_usage else None, prompts)
         return StreamingResponse(events, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     updates = await wait_or_disconnect(streams, raw)
@@ -31,8 +31,8 @@ async def generate(client: EngineClient, prompts: list[list[int]], params: Sampl
     failed = next((u for u in updates if u.error is not None), None)
     if failed is not None:
         raise APIError(failed.status, failed.error, type="server_error")
-    choices = [(i * params.n + out.index, out) for i, u in enumerate(updates) for out in u.output.outputs]
-    completion_tokens = sum(len(out.token_ids) for _, out in choices)
+    choices = [(i * params.n + out.index, out, u.output) for i, u in enumerate(updates) for out in u.output.outputs]
+    completion_tokens = sum(len(out.token_ids) for _, out, _ in choices)
     return JSONResponse(shape.body(choices, usage(prompt_tokens, completion_tokens)))
 
 
@@ -71,8 +71,9 @@ async def _client_gone(raw: Request) -> None:
 
 
 async def stream_events(client: EngineClient, streams: list[RequestStream], shape: ResponseShape, n: int,
-                        prompt_tokens: int | None) -> AsyncIterator[str]:
-    """SSE text: one write per engine update (all its choices' chunks), usage if asked, then [DONE]."""
+                        prompt_tokens: int | None, prompts: list[list[int]]) -> AsyncIterator[str]:
+    """SSE text: one write per engine update (all its choices' chunks), usage if asked, then [DONE]. With echo,
+    a choice's first chunk starts with its prompt."""
     completion_tokens, text_offsets = 0, {}  # choice index -> characters streamed so far
     tool_streams = {}  # choice index -> its ToolCallStream (None: content only)
     try:
@@ -87,9 +88,15 @@ async def stream_events(client: EngineClient, streams: list[RequestStream], shap
                 offset = text_offsets.get(index)
                 if offset is None:
                     tool_streams[index] = shape.tool_stream()
-                chunks.extend(sse(chunk) for chunk in shape.delta_chunks(index, delta, tool_streams[index],
-                                                                         role=offset is None, text_offset=offset or 0))
-                text_offsets[index] = (offset or 0) + len(delta.text)
+                text, token_ids, logprobs, first_token = delta.text, delta.token_ids, delta.logprobs, ""
+                if offset is None and shape.echo is not None:
+                    prompt_text, first_token = shape.echo_of(index)
+                    text, token_ids, logprobs = echoed(prompts[prompt_index], delta.prompt_logprobs, text, token_ids,
+                                                       logprobs, prompt_text)
+                chunks.extend(sse(chunk) for chunk in shape.delta_chunks(
+                    index, (text, token_ids, logprobs), delta.finish_reason, tool_streams[index], role=offset is None,
+                    text_offset=offset or 0, first_token=first_token))
+                text_offsets[index] = (offset or 0) + len(text)
             if chunks:
                 yield "".join(chunks)
         if prompt_tokens is not None:

@@ -200,6 +200,13 @@ class PromptPreparer:
         except (ValueError, TypeError, IndexError, OverflowError) as exc:  # an id the tokenizer has no text for
             raise bad_request(f"the tokenizer cannot decode these token ids: {exc}", "tokens") from None
 
+    def echo_texts(self, prompts: list[str | list[int]], token_ids: list[list[int]]) -> list[tuple[str, str]]:
+        """(text, first token's text) of each prompt, for echo: a text prompt as sent, token ids decoded."""
+        if self.tokenizer is None:  # token ids only: no text, and tokens named as the logprobs name them
+            return [("", f"token_id:{ids[0]}") for ids in token_ids]
+        decode = self.tokenizer.decode
+        return [(p if isinstance(p, str) else decode(p), decode(ids[:1])) for p, ids in zip(prompts, token_ids)]
+
     def token_strs(self, token_ids: list[int]) -> list[str]:
         """Each token's own text (its vocabulary entry where the tokenizer has one)."""
         convert = getattr(self.tokenizer, "convert_ids_to_tokens", None)

@@ -74,15 +74,23 @@ class SamplingFields(BaseModel):
     guided_choice: Any = None
     guided_grammar: Any = None
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None, **mapped: Any) -> SamplingParams:
-        """``mapped``: SamplingParams fields already checked (structured_output, logit_bias)."""
+    prompt_logprobs: int | None = None  # vLLM's: top-N logprobs of every prompt token, in the response
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, prompt_logprobs: int | None = None,
+                        **mapped: Any) -> SamplingParams:
+        """``prompt_logprobs``: the top N to compute (echo may need more than the field asks); ``mapped``:
+        SamplingParams fields already checked (structured_output, logit_bias)."""
         stops = [self.stop] if isinstance(self.stop, str) else self.stop or []
         if len(stops) > MAX_STOP_STRINGS:
             raise bad_request(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed", "stop")
         for text in stops:
             check_unicode(text, "stop")
-        if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
-            raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {logprobs}", "logprobs")
+        for name, value in (("logprobs", logprobs), ("prompt_logprobs", self.prompt_logprobs)):
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise bad_request(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}", name)
+        if self.prompt_logprobs is not None and self.stream:
+            raise bad_request("prompt_logprobs is not available with stream=true; leave it out or set stream "
+                              "to false", "prompt_logprobs")
         defaults = SamplingParams()
         try:
             return SamplingParams(
@@ -90,7 +98,8 @@ class SamplingFields(BaseModel):
                 top_k=_or(self.top_k, 0), min_p=_or(self.min_p, 0.0), seed=self.seed, max_tokens=max_tokens,
                 min_tokens=self.min_tokens, stop=self.stop, stop_token_ids=self.stop_token_ids,
                 ignore_eos=self.ignore_eos, logprobs=logprobs, skip_special_tokens=self.skip_special_tokens,
-                include_stop_str_in_output=self.include_stop_str_in_output, **mapped)
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                prompt_logprobs=self.prompt_logprobs if prompt_logprobs is None else prompt_logprobs, **mapped)
         except ValueError as exc:
             raise bad_request(str(exc), _param_named_in(str(exc), defaults)) from None
 
@@ -118,6 +127,12 @@ class CompletionRequest(SamplingFields):
     prompt: Annotated[PromptInput, PlainValidator(_prompt, json_schema_input_type=PromptInput)]
     max_tokens: int | None = 16
     logprobs: int | None = None
+    echo: bool = False  # the prompt before the completion, in its text and (with logprobs) its logprobs
+
+    def num_prompt_logprobs(self) -> int | None:
+        """The top N of prompt logprobs to compute: the field's, or more when echo shows them with logprobs."""
+        wanted = [n for n in (self.prompt_logprobs, self.logprobs if self.echo else None) if n is not None]
+        return max(wanted) if wanted else None
 
     def prompts(self) -> list[str | list[int]]:
         prompt = self.prompt

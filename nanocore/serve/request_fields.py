@@ -38,7 +38,7 @@ def _true(value: Any) -> bool:
 #: field -> (whether its value leaves the output as nanocore makes it, what to send instead)
 NOT_IMPLEMENTED = {
     "best_of": (_one, "leave it out or at 1"),
-    "echo": (_unset, "leave it false"),
+    "echo": (_unset, "leave it false (chat completions do not echo; /v1/completions does)"),
     "suffix": (_unset, "leave it out"),
     "presence_penalty": (_unset, "leave it at 0"),
     "frequency_penalty": (_unset, "leave it at 0"),
@@ -54,7 +54,6 @@ NOT_IMPLEMENTED = {
     "web_search_options": (_unset, "leave it out"),
     "guided_decoding_backend": (_unset, "leave it out (the server's --structured-output backend is used)"),
     "guided_whitespace_pattern": (_unset, "leave it out"),
-    "prompt_logprobs": (_unset, "leave it out"),
     "use_beam_search": (_unset, "leave it false"),
     "length_penalty": (_one, "leave it at 1"),
     "truncate_prompt_tokens": (_unset, "leave it out"),

@@ -22,6 +22,8 @@ class SampleDelta:
     logprobs: list[dict[int, Logprob]] | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    #: with the first delta of a request that scores its prompt: the prompt's logprobs (None first)
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
     def extend(self, later: SampleDelta) -> None:
         """Append a later delta of the same sample (a slow reader gets one merged chunk)."""
@@ -86,6 +88,8 @@ class TrackedRequest:
         for seq, detokenizer in zip(self.engine_request.seqs, self.engine_request.detokenizers):
             index, num_output = seq.index, seq.num_output_tokens
             if num_output == self.num_seen[index]:
+                if self.streaming and num_output == 0 and output is not None:  # max_tokens=0: a final delta
+                    deltas.append(self._delta(engine, seq, detokenizer, 0))
                 continue
             grew, self.num_seen[index] = True, num_output
             if seq.finish_reason == ERROR_FINISH:
@@ -99,14 +103,17 @@ class TrackedRequest:
         return RequestUpdate(deltas, finished=output is not None or error is not None, output=output, error=error,
                              new_tokens=grew)
 
-    @staticmethod
-    def _delta(engine, seq, detokenizer, sent: int) -> SampleDelta:
+    def _delta(self, engine, seq, detokenizer, sent: int) -> SampleDelta:
         logprobs = None
         if seq.output_logprobs is not None:
             logprobs = [engine.logprob_dict(entry) for entry in seq.output_logprobs[sent:]]
         text = detokenizer.stream_delta(seq.is_finished) if detokenizer is not None else ""
-        return SampleDelta(seq.index, text, seq.token_ids[seq.num_prompt_tokens + sent:], logprobs,
-                           seq.finish_reason, seq.stop_reason)
+        delta = SampleDelta(seq.index, text, seq.token_ids[seq.num_prompt_tokens + sent:], logprobs,
+                            seq.finish_reason, seq.stop_reason)
+        scored = self.engine_request.seqs[0].prompt_logprobs  # the request's first sample scores the prompt
+        if sent == 0 and scored is not None:
+            delta.prompt_logprobs = [None, *map(engine.logprob_dict, scored)]
+        return delta
 
     def mark_tokens(self, now: float) -> tuple[float | None, float | None]:
         """(time to first token, inter-token latency): the one that applies to new tokens at ``now``."""
@@ -130,7 +137,7 @@ def merge_updates(updates: list[RequestUpdate]) -> RequestUpdate:
             else:
                 merged[delta.index] = SampleDelta(delta.index, delta.text, list(delta.token_ids),
                                                   None if delta.logprobs is None else list(delta.logprobs),
-                                                  delta.finish_reason, delta.stop_reason)
+                                                  delta.finish_reason, delta.stop_reason, delta.prompt_logprobs)
     last = updates[-1]
     return RequestUpdate(list(merged.values()), last.finished, last.output, last.error, last.status, True)
 

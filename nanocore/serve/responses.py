@@ -5,7 +5,6 @@ import json
 from typing import Any
 
 from nanocore.engine.outputs import Logprob
-from nanocore.serve.request_state import SampleDelta
 from nanocore.serve.tool_fields import ToolPlan
 from nanocore.serve.tool_output import ToolCallStream, tool_finish_reason, whole_message
 
@@ -30,20 +29,44 @@ def _ranked(entries: dict[int, Logprob], top_n: int) -> list[tuple[int, Logprob]
     return ranked[:top_n]
 
 
-def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | None, top_n: int,
-                        text_offset: int = 0) -> dict[str, Any] | None:
-    """The legacy completions format: tokens, token_logprobs, top_logprobs, text_offset."""
+def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob] | None] | None, top_n: int,
+                        text_offset: int = 0, first_token: str = "") -> dict[str, Any] | None:
+    """The legacy completions format: tokens, token_logprobs, top_logprobs, text_offset. An entry None (an echoed
+    prompt's first token, which nothing predicts) has the text ``first_token`` and null logprobs."""
     if logprobs is None:
         return None
     tokens, token_logprobs, top, offsets = [], [], [], []
     for token_id, entries in zip(token_ids, logprobs):
-        text = _token_text(token_id, entries[token_id])
+        if entries is None:
+            text, logprob, top_entry = first_token, None, None
+        else:
+            text, logprob = _token_text(token_id, entries[token_id]), entries[token_id].logprob
+            top_entry = {_token_text(t, e): e.logprob for t, e in _ranked(entries, top_n)}
         tokens.append(text)
-        token_logprobs.append(entries[token_id].logprob)
-        top.append({_token_text(t, e): e.logprob for t, e in _ranked(entries, top_n)})
+        token_logprobs.append(logprob)
+        top.append(top_entry)
         offsets.append(text_offset)
         text_offset += len(text)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+
+def prompt_logprobs_body(prompt_logprobs: list[dict[int, Logprob] | None] | None,
+                         top_n: int) -> list[dict[str, Any] | None] | None:
+    """vLLM's ``prompt_logprobs``: None for the first token, then per token {id: {logprob, rank, decoded_token}}
+    holding the prompt token (first) and the ``top_n`` most likely."""
+    if prompt_logprobs is None:
+        return None
+    return [None if entries is None else {
+        str(t): {"logprob": max(e.logprob, -9999.0), "rank": e.rank, "decoded_token": e.decoded_token}
+        for i, (t, e) in enumerate(entries.items()) if i == 0 or e.rank <= top_n} for entries in prompt_logprobs]
+
+
+def echoed(prompt_token_ids: list[int], prompt_logprobs, text: str, token_ids: list[int], logprobs,
+           prompt_text: str) -> tuple[str, list[int], list | None]:
+    """A completion (or its first stream chunk) with the prompt before it: text, token ids, logprobs if asked."""
+    if logprobs is not None:
+        logprobs = [None, *prompt_logprobs[1:], *logprobs]
+    return prompt_text + text, [*prompt_token_ids, *token_ids], logprobs
 
 
 def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | None,
@@ -62,62 +85,85 @@ def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | Non
 
 
 class ResponseShape:
-    """Ids, names and the completion / chat body layouts of one API call."""
+    """Ids, names and the completion / chat body layouts of one API call.
+
+    ``tools``: how a chat output is read for tool calls (None: content only); ``echo``: per prompt, (its text, its
+    first token's text) to put before each of its ``n`` completions; ``prompt_logprobs``: the top N of the
+    ``prompt_logprobs`` the body carries (None: it carries none)."""
 
     def __init__(self, chat: bool, request_id: str, created: int, model: str, top_logprobs: int,
-                 tools: ToolPlan | None = None):
+                 tools: ToolPlan | None = None, echo: list[tuple[str, str]] | None = None, n: int = 1,
+                 prompt_logprobs: int | None = None):
         self.chat, self.id, self.created, self.model = chat, request_id, created, model
-        self.top_logprobs = top_logprobs
+        self.top_logprobs, self.echo, self.n, self.prompt_logprobs = top_logprobs, echo, n, prompt_logprobs
         self.tool_parser = tools.parser if tools is not None else None  # None: the output is content only
         self.max_calls = tools.max_calls if tools is not None else None
 
     def _envelope(self, obj: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices}
 
-    def logprobs(self, token_ids: list[int], logprobs, text_offset: int = 0) -> dict[str, Any] | None:
+    def logprobs(self, token_ids: list[int], logprobs, text_offset: int = 0,
+                 first_token: str = "") -> dict[str, Any] | None:
         if self.chat:
             return chat_logprobs(token_ids, logprobs, self.top_logprobs)
-        return completion_logprobs(token_ids, logprobs, self.top_logprobs, text_offset)
+        return completion_logprobs(token_ids, logprobs, self.top_logprobs, text_offset, first_token)
 
-    def body(self, choices: list[tuple[int, Any]], usage_counts: dict[str, int]) -> dict[str, Any]:
-        """The whole response; ``choices`` are (index, CompletionOutput)."""
+    def echo_of(self, index: int) -> tuple[str, str]:
+        """(prompt text, first token's text) of choice ``index``."""
+        return self.echo[index // self.n]
+
+    def body(self, choices: list[tuple[int, Any, Any]], usage_counts: dict[str, int]) -> dict[str, Any]:
+        """The whole response; ``choices`` are (index, CompletionOutput, its RequestOutput)."""
         rows = []
-        for index, out in choices:
-            row: dict[str, Any] = {"index": index, "logprobs": self.logprobs(out.token_ids, out.logprobs),
+        for index, out, request in choices:
+            text, token_ids, logprobs, first_token = out.text, out.token_ids, out.logprobs, ""
+            if self.echo is not None:
+                prompt_text, first_token = self.echo_of(index)
+                text, token_ids, logprobs = echoed(request.prompt_token_ids, request.prompt_logprobs, text,
+                                                   token_ids, logprobs, prompt_text)
+            row: dict[str, Any] = {"index": index, "logprobs": self.logprobs(token_ids, logprobs, 0, first_token),
                                    "finish_reason": out.finish_reason, "stop_reason": out.stop_reason}
             if self.chat and self.tool_parser is not None:
-                row["message"], called = whole_message(self.tool_parser, out.text, self.max_calls)
+                row["message"], called = whole_message(self.tool_parser, text, self.max_calls)
                 row["finish_reason"] = tool_finish_reason(out.finish_reason, called)
             elif self.chat:
-                row["message"] = {"role": "assistant", "content": out.text}
+                row["message"] = {"role": "assistant", "content": text}
             else:
-                row["text"] = out.text
+                row["text"] = text
+            if self.prompt_logprobs is not None and not self.chat:
+                row["prompt_logprobs"] = prompt_logprobs_body(request.prompt_logprobs, self.prompt_logprobs)
             rows.append(row)
-        return {**self._envelope("chat.completion" if self.chat else "text_completion", rows), "usage": usage_counts}
+        body = {**self._envelope("chat.completion" if self.chat else "text_completion", rows), "usage": usage_counts}
+        if self.prompt_logprobs is not None and self.chat:  # one prompt: vLLM puts them beside the choices
+            body["prompt_logprobs"] = prompt_logprobs_body(choices[0][2].prompt_logprobs, self.prompt_logprobs)
+        return body
 
     def tool_stream(self) -> ToolCallStream | None:
         """The tool call state of one streamed choice (None when the output is content only)."""
         return ToolCallStream(self.tool_parser, self.max_calls) if self.tool_parser is not None else None
 
-    def delta_chunks(self, index: int, delta: SampleDelta, tools: ToolCallStream | None, role: bool,
-                     text_offset: int) -> list[dict[str, Any]]:
-        """The chunks of one engine delta of one choice: its content, then one chunk per tool call delta."""
-        text, calls, finish = delta.text, [], delta.finish_reason
+    def delta_chunks(self, index: int, piece: tuple[str, list[int], Any], finish: str | None,
+                     tools: ToolCallStream | None, role: bool, text_offset: int,
+                     first_token: str = "") -> list[dict[str, Any]]:
+        """The chunks of one engine delta of one choice, ``piece`` its (text, token ids, logprobs) after any echo:
+        its content, then one chunk per tool call delta."""
+        (text, token_ids, logprobs), calls = piece, []
         if tools is not None:
-            text, calls = tools.feed(delta.text, finish is not None)
+            text, calls = tools.feed(text, finish is not None)
             finish = tool_finish_reason(finish, tools.called)
-        first = self.chunk(index, text, delta.token_ids, delta.logprobs, None if calls[1:] else finish, role=role,
-                           text_offset=text_offset, tool_calls=calls[:1])
+        first = self.chunk(index, text, token_ids, logprobs, None if calls[1:] else finish, role=role,
+                           text_offset=text_offset, tool_calls=calls[:1], first_token=first_token)
         rest = [self.chunk(index, None, [], None, finish if n == len(calls) - 1 else None, tool_calls=[call])
                 for n, call in enumerate(calls[1:], start=1)]
         return [first, *rest]
 
     def chunk(self, index: int, text: str | None, token_ids: list[int], logprobs, finish_reason: str | None,
-              role: bool = False, text_offset: int = 0, tool_calls: list[dict[str, Any]] = ()) -> dict[str, Any]:
+              role: bool = False, text_offset: int = 0, tool_calls: list[dict[str, Any]] = (),
+              first_token: str = "") -> dict[str, Any]:
         """One stream chunk for one choice (chat: ``delta``; the first one of a choice carries the role).
         ``text_offset``: characters of this choice streamed before (completions logprobs count from there)."""
-        row: dict[str, Any] = {"index": index, "finish_reason": finish_reason,
-                               "logprobs": self.logprobs(token_ids, logprobs, text_offset) if token_ids else None}
+        row: dict[str, Any] = {"index": index, "finish_reason": finish_reason, "logprobs": self.logprobs(
+            token_ids, logprobs, text_offset, first_token) if token_ids else None}
         if self.chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if text is not None:

@@ -32,12 +32,15 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
     async def completions(body: CompletionRequest, raw: Request):
         state.check_model(body.model)
         state.check_fields(body.model_extra)
-        params = body.sampling_params(body.max_tokens, body.logprobs, **mapped_fields(body, state.vocab_size))
+        params = body.sampling_params(body.max_tokens, body.logprobs, body.num_prompt_logprobs(),
+                                     **mapped_fields(body, state.vocab_size))
         state.check_n(params.n)
         add_special = True if body.add_special_tokens is None else body.add_special_tokens
-        prompts = await state.prompts.completion_prompts(body.prompts(), body.max_tokens, add_special)
+        texts = body.prompts()
+        prompts = await state.prompts.completion_prompts(texts, body.max_tokens, add_special)
+        echo = await state.prompts.off_loop(state.prompts.echo_texts, texts, prompts) if body.echo else None
         shape = ResponseShape(False, f"cmpl-{secrets.token_hex(12)}", int(time.time()), state.served_model_name,
-                              params.logprobs or 0)
+                              params.logprobs or 0, echo=echo, n=params.n, prompt_logprobs=body.prompt_logprobs)
         return await generate(state.client, prompts, params, shape, body.stream, body.include_usage, raw)
 
     @app.post("/v1/chat/completions", dependencies=[auth], responses=GENERATION_RESPONSES)
@@ -53,7 +56,7 @@ def add_generation_routes(app: FastAPI, state, auth) -> None:
         prompt = await state.prompts.chat_prompt(messages, max_tokens, body.add_generation_prompt,
                                                  body.chat_template_kwargs, bool(body.add_special_tokens), tools.tools)
         shape = ResponseShape(True, f"chatcmpl-{secrets.token_hex(12)}", int(time.time()), state.served_model_name,
-                              params.logprobs or 0, tools)
+                              params.logprobs or 0, tools, prompt_logprobs=body.prompt_logprobs)
         return await generate(state.client, [prompt], params, shape, body.stream, body.include_usage, raw)
 
     @app.post("/tokenize", dependencies=[auth], responses=errors(400, 401, 404, 413))
