@@ -56,7 +56,7 @@ def run_worker_rank(config: EngineConfig, device: torch.device, launch: Launched
         worker = Worker(rank, config, device, parallel)
         check_ranks_agree(worker.runner.num_blocks, worker.backends, group)
         trace(rank, "serving rank 0")
-        said_exit = worker.serve(lambda: broadcast_bytes(None, group))
+        said_exit = worker.serve(lambda: _receive(group))
         heartbeat.stop()  # rank 0 leaves now; its silence is no failure
         if said_exit and own_group:
             destroy_distributed()  # together with rank 0, which returns last
@@ -71,3 +71,13 @@ def run_worker_rank(config: EngineConfig, device: torch.device, launch: Launched
               f"\n{traceback.format_exc()}", file=sys.stderr, flush=True)
         exit_worker_process(1)
     exit_worker_process(0)
+
+
+def _receive(group) -> bytes:
+    """Rank 0's next message; its loss is said as such (gloo only says a connection closed)."""
+    try:
+        return broadcast_bytes(None, group)
+    except RuntimeError as exc:
+        raise RuntimeError(f"lost rank 0 while waiting for its next call: it was killed or failed (see its log); "
+                           f"{exc}") from exc
+
