@@ -76,24 +76,32 @@ def test_two_nodes_give_one_rank_greedy_tokens(tmp_path, kind, tp, ep):
 
 
 @pytest.mark.slow
-def test_a_killed_worker_rank_ends_rank_zero_with_a_clear_error_within_30_s(tmp_path):
+@pytest.mark.parametrize("victim, rank0, heartbeat_s, says", [
+    ("worker", "steps", "10", "WorkerError: rank 1 (host {host}, pid {pid}) sent no heartbeat for 10 s"),
+    ("worker", "idle", "4", "nanocore rank 0: WorkerError: rank 1 (host {host}, pid {pid}) sent no heartbeat"),
+    ("rank0", "idle", "4", "nanocore rank 1 failed: RuntimeError: lost rank 0 while waiting for its next call"),
+])
+def test_a_killed_rank_ends_the_other_with_a_clear_error_within_30_s(tmp_path, victim, rank0, heartbeat_s, says):
     model = make_checkpoint(tmp_path / "qwen2", "qwen2")
     out = tmp_path / "out.json"
-    procs = two_nodes([str(SCRIPT), str(model), str(out), "2", "1", "--hold", "120"], tmp_path)
+    hold = ["--hold", "120"] + (["--idle"] if rank0 == "idle" else [])
+    procs = two_nodes([str(SCRIPT), str(model), str(out), "2", "1", *hold], tmp_path, {"HEARTBEAT_S": heartbeat_s})
+    survivor = procs[0] if victim == "worker" else procs[1]
     try:
         deadline = time.monotonic() + 120
         while not out.exists() and time.monotonic() < deadline and procs[0].poll() is None:
             time.sleep(0.2)
         assert out.exists(), (tmp_path / "node0.log").read_text()
-        worker = worker_pid(procs[1].pid)
-        os.kill(worker, signal.SIGKILL)
+        pid = worker_pid(procs[1].pid) if victim == "worker" else json.loads(out.read_text())["pid"]
+        time.sleep(1.0)
+        os.kill(pid, signal.SIGKILL)
         killed_at = time.monotonic()
-        assert procs[0].wait(timeout=40) != 0
+        assert survivor.wait(timeout=40) != 0
         took = time.monotonic() - killed_at
     finally:
         finish(procs, timeout_s=5)
-    log = (tmp_path / "node0.log").read_text()
-    assert f"WorkerError: rank 1 (host {socket.gethostname()}, pid {worker}) sent no heartbeat" in log, log
+    log = (tmp_path / f"node{procs.index(survivor)}.log").read_text()
+    assert says.format(host=socket.gethostname(), pid=pid) in log, log
     assert took < 30, took
 
 

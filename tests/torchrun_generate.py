@@ -1,8 +1,8 @@
 """Run under torchrun by tests/test_torchrun.py: an LLM on the launcher's ranks; rank 0 writes the greedy tokens.
 
-Usage: torchrun ... tests/torchrun_generate.py CKPT OUT_JSON TP EP [--hold SECONDS]
+Usage: torchrun ... tests/torchrun_generate.py CKPT OUT_JSON TP EP [--hold SECONDS [--idle]]
 Ranks > 0 never return from ``LLM(...)``: they serve rank 0 and exit when it closes. ``--hold`` keeps rank 0
-idle after generating (so a test can kill another rank meanwhile).
+stepping (``--idle``: sleeping) after generating, so a test can kill a rank meanwhile.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ def main() -> None:
 
     ckpt, out, tp, ep = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     hold_s = float(sys.argv[6]) if len(sys.argv) > 6 and sys.argv[5] == "--hold" else 0.0
+    idle = sys.argv[-1] == "--idle"
     torch.set_num_threads(1)
     llm = LLM(ckpt, device="cpu", block_size=4, num_kv_blocks=96, tensor_parallel_size=tp,
               expert_parallel_size=ep, heartbeat_timeout_s=float(os.environ.get("HEARTBEAT_S", "10")))
@@ -33,6 +34,9 @@ def main() -> None:
         print("holding", flush=True)
         deadline = time.monotonic() + hold_s
         while time.monotonic() < deadline:  # steps keep the ranks talking while the test kills one
+            if idle:
+                time.sleep(0.2)
+                continue
             llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
             time.sleep(0.2)
     llm.close()
