@@ -72,7 +72,9 @@ def test_two_nodes_give_one_rank_greedy_tokens(tmp_path, kind, tp, ep):
     codes = finish(procs, timeout_s=150)
     logs = "".join((tmp_path / f"node{n}.log").read_text() for n in range(2))
     assert codes == [0, 0], logs
-    assert json.loads((tmp_path / "out.json").read_text())["tokens"] == reference_tokens(model)
+    result = json.loads((tmp_path / "out.json").read_text())
+    assert result["tokens"] == reference_tokens(model)
+    assert "each launch runs one engine" in result["second_engine"]
 
 
 @pytest.mark.slow

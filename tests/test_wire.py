@@ -109,6 +109,15 @@ def test_the_launcher_environment_is_read_in_one_place():
         launched_rank({"RANK": "2", "WORLD_SIZE": "2", "LOCAL_RANK": "0"})
 
 
+def test_a_launcher_rank_runs_on_its_local_rank_gpu_only():
+    import torch
+
+    rank = LaunchedRank(1, 2, 1)
+    assert rank.device(torch.device("cpu")) == torch.device("cpu")
+    with pytest.raises(ValueError, match="each rank runs on cuda:LOCAL_RANK; pass --device cuda"):
+        rank.device(torch.device("cuda", 0))
+
+
 def test_a_layout_that_does_not_fill_the_launched_ranks_says_what_to_pass():
     check_world_size(EngineConfig(model="dummy:x", device="cpu", tensor_parallel_size=2, expert_parallel_size=2), 2)
     with pytest.raises(ValueError, match="started 16 rank.*tensor_parallel_size=8.*pass --tensor-parallel-size 16"):

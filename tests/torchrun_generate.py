@@ -40,6 +40,11 @@ def main() -> None:
             llm.generate(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
             time.sleep(0.2)
     llm.close()
+    try:  # the other ranks ended with the first engine: a second one is refused, never left waiting for them
+        LLM(ckpt, device="cpu", tensor_parallel_size=tp, expert_parallel_size=ep)
+    except ValueError as exc:
+        with open(out, "w") as f:
+            json.dump({"tokens": tokens, "pid": os.getpid(), "second_engine": str(exc)}, f)
 
 
 if __name__ == "__main__":

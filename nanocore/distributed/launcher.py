@@ -23,9 +23,15 @@ class LaunchedRank:
     local_rank: int  # this rank's index on its node: its GPU
 
     def device(self, device: torch.device) -> torch.device:
-        """``cuda:LOCAL_RANK`` for a CUDA engine (one GPU per rank), else ``device``."""
+        """``cuda:LOCAL_RANK`` for a CUDA engine (one GPU per rank; a rank that sees one GPU uses it), else
+        ``device``."""
         if device.type != "cuda":
             return device
+        if device.index is not None:
+            raise ValueError(f"device {str(device)!r}: under torchrun each rank runs on cuda:LOCAL_RANK; pass "
+                             f"--device cuda (or set CUDA_VISIBLE_DEVICES per node)")
+        if torch.cuda.device_count() == 1:  # the launcher gave each rank its own CUDA_VISIBLE_DEVICES
+            return torch.device("cuda", 0)
         if self.local_rank >= torch.cuda.device_count():
             raise ValueError(f"rank {self.rank} has LOCAL_RANK {self.local_rank} but this node has "
                              f"{torch.cuda.device_count()} visible GPU(s); lower --nproc-per-node to at most that")

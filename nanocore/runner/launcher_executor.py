@@ -35,12 +35,20 @@ from nanocore.runner.worker_process import WorkerError, agreed_runner_config, ba
 EXIT_GRACE_S = 3.0
 
 
+#: rank 0's engines in this process: the other ranks end with the first, so a second would wait for them in vain
+_engines_started = [0]
+
+
 def launcher_executor(config: EngineConfig, device: torch.device, launch: LaunchedRank) -> Executor:
     """Rank 0's executor; on any other rank this serves rank 0 and ends the process (it never returns)."""
+    if _engines_started[0]:
+        raise ValueError("under torchrun each launch runs one engine: the other ranks ended with the first one; "
+                         "build one LLM per launch and start torchrun again for another")
     check_world_size(config, launch.world_size)
     check_parallel_config(config)
     device = launch.device(device)
     if launch.rank == 0:
+        _engines_started[0] += 1
         return TorchrunExecutor(config, device, launch)
     run_worker_rank(config, device, launch)  # ends the process
 
