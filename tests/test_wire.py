@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import struct
 import sys
 from pathlib import Path
 
@@ -43,7 +44,7 @@ def test_every_plan_survives_the_wire_and_the_wire_holds_no_pickle():
     assert len(plans) > 5 and any(p.finished_seq_ids for p in plans)
     for plan in plans:
         data = encode_message("execute", encode_plan(plan))
-        assert not data.startswith(b"\x80")  # a pickle opens with PROTO
+        assert not data.startswith(b"\x80") and b"execute" in data[:64]  # a pickle opens with PROTO
         kind, args = decode_message(data, WORKER_CALLS)
         assert kind == "execute" and decode_plan(args[0]) == plan
     row = plans[0].rows[0]
@@ -63,22 +64,38 @@ def good_columns():
     return encode_plan(some_plans()[0])
 
 
+def frame(header, payload: bytes = b"") -> bytes:
+    """A message built by hand: header length, header, payload."""
+    header = header if isinstance(header, bytes) else json.dumps(header).encode()
+    return struct.pack("<I", len(header)) + header + payload
+
+
 @pytest.mark.parametrize("data, match", [
-    (pickle.dumps(("execute", ({},))), "it is not JSON"),
-    (b"[1, 2]", "not an object with keys v, m, a"),
-    (json.dumps({"v": 99, "m": "exit", "a": []}).encode(), "protocol version 99.*same nanocore version"),
+    (pickle.dumps(("execute", ({},))), "shorter than its header says"),
+    (b"\x01\x00", "shorter than its header says"),
+    (frame(b"not json"), "its header is not JSON"),
+    (frame([1, 2]), "not an object with keys v, m, a, r"),
+    (frame({"v": 99, "m": "exit", "a": [], "r": None}), "protocol version 99.*same nanocore version"),
     (encode_message("__reduce__"), "unknown kind '__reduce__'"),
     (encode_message("exit", 1), "'exit' takes 0 argument"),
-    (encode_message("execute", {"rows": []}), "a step plan needs the columns"),
-    (encode_message("execute", "columns"), "a step plan needs the columns"),
+    (encode_message("exit") + b"\0" * 8, "'exit' carries no payload"),
+    (encode_message("execute", "columns"), "a step plan must be an object of columns"),
+    (encode_message("execute", {"rows": []}), "needs the row lengths"),
+    (frame({"v": 1, "m": "execute", "a": [{}], "r": [[-1], [1]]}), "lists of non-negative ints"),
 ])
 def test_a_malformed_message_is_refused_with_a_clear_error(data, match):
     with pytest.raises(MalformedMessage, match=match):
         decode_message(data, WORKER_CALLS)
 
 
+def test_a_payload_that_does_not_match_its_row_lengths_is_refused():
+    data = encode_message("execute", good_columns())
+    for cut in (data[:-8], data + b"\0" * 8):
+        with pytest.raises(MalformedMessage, match="payload holds .* bytes, the row lengths need"):
+            decode_message(cut, WORKER_CALLS)
+
+
 @pytest.mark.parametrize("column, value, match", [
-    ("token_ids", ["1, 2"], "column 'token_ids' holds a value that is not list"),
     ("seq_id", [True], "column 'seq_id' holds a value that is not int"),
     ("finished_seq_ids", None, "column 'finished_seq_ids' is not a list"),
     ("sampling", [[0.0, 1, 1.0]], "sampling row needs 8 values"),
