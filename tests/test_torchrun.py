@@ -28,13 +28,14 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 
 
-def two_nodes(args: list[str], tmp_path: Path, env: dict | None = None) -> list[subprocess.Popen]:
+def two_nodes(args: list[str], tmp_path: Path, env: dict | None = None,
+              node1_args: list[str] | None = None) -> list[subprocess.Popen]:
     """One torchrun per "node" (static rendezvous on a free port), one rank each; node 0's rank is rank 0."""
     port, procs = free_port(), []
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
     for node in range(2):
         cmd = [*TORCHRUN, "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(node),
-               "--master-addr", "127.0.0.1", "--master-port", str(port), *args]
+               "--master-addr", "127.0.0.1", "--master-port", str(port), *(node1_args if node and node1_args else args)]
         log = open(tmp_path / f"node{node}.log", "w")
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
                                       start_new_session=True))  # a process group of its own: killed whole below
@@ -105,6 +106,16 @@ def test_a_killed_rank_ends_the_other_with_a_clear_error_within_30_s(tmp_path, v
     log = (tmp_path / f"node{procs.index(survivor)}.log").read_text()
     assert says.format(host=socket.gethostname(), pid=pid) in log, log
     assert took < 30, took
+
+
+@pytest.mark.slow
+def test_a_rank_whose_host_lacks_the_checkpoint_ends_every_rank_with_its_error(tmp_path):
+    model = make_checkpoint(tmp_path / "qwen2", "qwen2")
+    args = [str(SCRIPT), str(model), str(tmp_path / "out.json"), "2", "1"]
+    procs = two_nodes(args, tmp_path, node1_args=[args[0], str(tmp_path / "elsewhere"), *args[2:]])
+    assert finish(procs, timeout_s=120) == [1, 1]
+    log = (tmp_path / "node0.log").read_text()
+    assert "WorkerError: rank 1 (host" in log and "failed: FileNotFoundError: model" in log, log
 
 
 def worker_pid(torchrun_pid: int) -> int:

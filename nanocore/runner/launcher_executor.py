@@ -44,8 +44,7 @@ def launcher_executor(config: EngineConfig, device: torch.device, launch: Launch
     if _engines_started[0]:
         raise ValueError("under torchrun each launch runs one engine: the other ranks ended with the first one; "
                          "build one LLM per launch and start torchrun again for another")
-    check_world_size(config, launch.world_size)
-    check_parallel_config(config)
+    check_world_size(config, launch.world_size)  # the same on every rank: all fail together, before joining
     device = launch.device(device)
     if launch.rank == 0:
         _engines_started[0] += 1
@@ -66,6 +65,7 @@ class TorchrunExecutor(Executor):
             self.parallel, own, self.group, heartbeat = join_ranks(config, device, launch, self._failure_hook())
             self._state.update(own_group=own, group=self.group, heartbeat=heartbeat)
             self.heartbeat = heartbeat
+            check_parallel_config(config)  # after joining: a rank whose host lacks the checkpoint tells the others
 
     def _failure_hook(self):
         state = self._state

@@ -20,6 +20,7 @@ from nanocore.distributed import destroy_distributed, exit_worker_process
 from nanocore.distributed.channel import all_gather_bytes, broadcast_bytes, new_message_group
 from nanocore.distributed.heartbeat import Heartbeat, post_error
 from nanocore.distributed.launcher import LaunchedRank, join_launched_group
+from nanocore.runner.parallel_checks import check_parallel_config
 from nanocore.runner.worker_process import NVLS_OFF, Worker, WorkerError, dist_timeout, trace
 
 
@@ -53,6 +54,7 @@ def run_worker_rank(config: EngineConfig, device: torch.device, launch: Launched
 
     try:
         parallel, own_group, group, heartbeat = join_ranks(config, device, launch, on_failure)
+        check_parallel_config(config)  # after joining, so rank 0 hears of a failure here
         worker = Worker(rank, config, device, parallel)
         check_ranks_agree(worker.runner.num_blocks, worker.backends, group)
         trace(rank, "serving rank 0")
