@@ -69,7 +69,7 @@ def decode_message(data: bytes, accepted: dict[str, int]) -> tuple[str, list]:
         raise MalformedMessage(_problem(f"{kind!r} takes {accepted[kind]} argument(s)", data))
     if kind in ("execute", "prompt_logits"):
         if not isinstance(args[0], dict):
-            raise MalformedMessage(f"malformed message from rank 0: a step plan must be an object of columns")
+            raise MalformedMessage("malformed message from rank 0: a step plan must be an object of columns")
         args[0].update(_unpack_ragged(message["r"], data[end:]))
         check_plan_columns(args[0])
     elif message["r"] is not None or len(data) > end:
