@@ -15,6 +15,8 @@ import sys
 from array import array
 from itertools import chain
 
+from nanocore.runner.step_plan import StepPlan, encode_plan
+
 #: bumped when a message changes shape: ranks of different nanocore versions then fail at the first message
 PROTOCOL = 1
 
@@ -23,8 +25,8 @@ WORKER_CALLS = {"execute": 1, "prompt_logits": 2, "exit": 0}
 #: spawned worker -> rank 0 (through its pipe): start-up stages and errors
 WORKER_REPLIES = {"validated": 0, "loaded": 0, "ready": 2, "error": 2}
 
-PLAN_KEYS = frozenset({"seq_id", "start", "token_ids", "block_table", "samples", "num_output_tokens", "sampling",
-                       "finished_seq_ids", "reset_seq_ids", "ahead_rows"})
+#: the columns ``encode_plan`` writes (taken from it, so a new column needs no change here)
+PLAN_KEYS = frozenset(encode_plan(StepPlan([])))
 
 
 class MalformedMessage(ValueError):
