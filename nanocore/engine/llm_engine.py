@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.distributed.launcher import launched_rank
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.detokenizer import IncrementalDetokenizer, encode_prompt
 from nanocore.engine.output_processor import OutputProcessor
@@ -16,10 +17,9 @@ from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence, row_sampling
 from nanocore.plugins import build_backend
-from nanocore.distributed.launcher import launched_rank
 from nanocore.runner.executor import Executor, LocalExecutor
-from nanocore.runner.parallel_checks import check_world_size
 from nanocore.runner.model_runner import PendingOutput
+from nanocore.runner.parallel_checks import check_world_size
 from nanocore.runner.step_plan import StepOutput, StepPlan
 
 logger = logging.getLogger("nanocore")

@@ -3,8 +3,8 @@
 ``launcher_executor`` is called where the engine builds its executor. On rank 0 it returns a ``TorchrunExecutor``;
 on every other rank it runs the worker loop (``launcher_worker``) and ends the process when rank 0 shuts down, so
 the command that built the engine never goes on there. The ranks use the launcher's ``env://`` process group, each
-on ``cuda:LOCAL_RANK`` (NCCL) or the CPU (gloo). Each step rank 0 broadcasts the plan as a ``wire`` message (JSON
-bytes in a uint8 tensor) over a gloo group of its own; a heartbeat on the rendezvous store ends every rank with a
+on ``cuda:LOCAL_RANK`` (NCCL) or the CPU (gloo). Each step rank 0 broadcasts the plan as a typed ``wire`` message (in
+a uint8 tensor) over a gloo group of its own; a heartbeat on the rendezvous store ends every rank with a
 clear error when one goes silent.
 """
 from __future__ import annotations
@@ -24,8 +24,8 @@ from nanocore.distributed.launcher import LaunchedRank
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor
 from nanocore.runner.model_runner import ModelRunner
-from nanocore.runner.multiproc_executor import Done
 from nanocore.runner.launcher_worker import check_ranks_agree, join_ranks, run_worker_rank
+from nanocore.runner.multiproc_executor import Done
 from nanocore.runner.parallel_checks import check_parallel_config, check_world_size
 from nanocore.runner.step_plan import ScheduledRow, StepPlan, encode_plan
 from nanocore.runner.wire import encode_message
@@ -33,8 +33,6 @@ from nanocore.runner.worker_process import WorkerError, agreed_runner_config, ba
 
 #: seconds the heartbeat's failure report waits for rank 0's main thread to raise WorkerError itself
 EXIT_GRACE_S = 3.0
-
-
 #: rank 0's engines in this process: the other ranks end with the first, so a second would wait for them in vain
 _engines_started = [0]
 

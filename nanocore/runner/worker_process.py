@@ -3,7 +3,7 @@
 Nano-vLLM style. Each worker is a spawned process that loads plugins from entry points (the config
 travels as a dict of names and options, never classes), joins the process group, loads its model
 shard and builds its own ModelRunner and KV cache. Each step rank 0 sends the ``StepPlan`` as columns of
-plain data (``encode_plan``, as a ``wire`` message: JSON, never pickle) through a pipe; every rank runs the same plan,
+plain data (``encode_plan``, in a typed ``wire`` message, never pickle) through a pipe; every rank runs the same plan,
 so the collectives inside the model pair up, and only rank 0 samples. Launcher ranks (``launcher_worker``) run the
 same ``Worker`` with messages from a gloo broadcast instead of a pipe.
 """
