@@ -135,7 +135,7 @@ def test_bad_parallel_configs_fail_before_starting_workers(qwen2):
 def test_sharding_problems_name_every_size_a_layout_must_divide():
     from types import SimpleNamespace
 
-    from nanocore.runner.multiproc_executor import sharding_problems
+    from nanocore.runner.parallel_checks import sharding_problems
 
     moe = SimpleNamespace(num_attention_heads=16, num_key_value_heads=4, num_experts=60, moe_intermediate_size=1408)
     assert sharding_problems(moe, 2, 1) == [] and sharding_problems(moe, 8, 1) == []  # 8 ranks replicate 4 KV heads

@@ -114,21 +114,22 @@ def test_the_server_loop_steps_with_the_heap_frozen_until_it_stops():
 
 
 def test_a_tensor_parallel_worker_serves_rank_zero_with_the_heap_frozen():
-    import pickle
-
+    from nanocore.runner.step_plan import StepPlan, encode_plan
+    from nanocore.runner.wire import encode_message
     from nanocore.runner.worker_process import Worker
 
-    class Pipe:  # rank 0's pipe: one call, then gone
-        def __init__(self):
-            self.messages = [pickle.dumps(("probe", ()))]
+    messages = [encode_message("execute", encode_plan(StepPlan([])))]  # rank 0's pipe: one call, then gone
 
-        def recv_bytes(self):
-            if not self.messages:
-                raise EOFError
-            return self.messages.pop()
+    def receive():
+        if not messages:
+            raise EOFError
+        return messages.pop()
+
+    class Runner:
+        def execute(self, plan):
+            counts.append(gc.get_freeze_count())
 
     worker, counts = Worker.__new__(Worker), []
-    worker.conn, worker.rank = Pipe(), 1
-    worker.probe = lambda: counts.append(gc.get_freeze_count())
-    worker.serve()
+    worker.rank, worker.runner = 1, Runner()
+    assert worker.serve(receive) is False  # the pipe closed: no exit call
     assert counts and counts[0] > 0 and gc.get_freeze_count() == 0

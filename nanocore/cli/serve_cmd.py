@@ -87,6 +87,13 @@ def run(args) -> int:
 
 
 def use_engine_process(choice: str, device: str) -> bool:
+    from nanocore.distributed.launcher import launched_rank
+
+    if launched_rank() is not None:  # every rank builds the engine where the launcher started it
+        if choice == "on":
+            raise ValueError("--engine-process on: under torchrun each rank runs the engine in its own process; "
+                             "drop the flag")
+        return False
     if choice != "auto":
         return choice == "on"
     if device == "auto":

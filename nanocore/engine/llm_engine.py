@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.distributed.launcher import launched_rank
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.detokenizer import IncrementalDetokenizer, encode_prompt
 from nanocore.engine.output_processor import OutputProcessor
@@ -18,6 +19,7 @@ from nanocore.engine.sequence import Sequence, row_sampling
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor, LocalExecutor
 from nanocore.runner.model_runner import PendingOutput
+from nanocore.runner.parallel_checks import check_world_size
 from nanocore.runner.step_plan import StepOutput, StepPlan
 
 logger = logging.getLogger("nanocore")
@@ -55,6 +57,7 @@ class LLMEngine:
         self.config = config
         self.device = resolve_device(config.device)
         self.executor = self._executor(config, loaded_model is not None)
+        self.device = self.executor.device  # a launcher rank runs on its LOCAL_RANK GPU
         self.loaded = loaded_model = loaded_model or self.executor.load_model()
         self.tokenizer = loaded_model.tokenizer
         self.eos_token_ids = set(loaded_model.eos_token_ids or [])
@@ -79,6 +82,16 @@ class LLMEngine:
         self.async_scheduling = wanted and self.executor.overlaps_steps
 
     def _executor(self, config: EngineConfig, prebuilt: bool) -> Executor:
+        launch = launched_rank()
+        if launch is not None and launch.world_size > 1:
+            if prebuilt:
+                raise ValueError("a prebuilt loaded_model runs on one rank only; under torchrun let the engine load "
+                                 "the model (drop loaded_model)")
+            from nanocore.runner.launcher_executor import launcher_executor
+            return launcher_executor(config, self.device, launch)  # ranks > 0 serve rank 0 there, then exit
+        if launch is not None:  # a launcher with one rank: this process alone, on its LOCAL_RANK GPU
+            check_world_size(config, 1)
+            return LocalExecutor(config, launch.device(self.device))
         if config.tensor_parallel_size == 1 and config.expert_parallel_size == 1:
             return LocalExecutor(config, self.device)
         if prebuilt:

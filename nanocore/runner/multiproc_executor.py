@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import pickle
 import socket
 import time
 import weakref
@@ -25,7 +24,9 @@ from nanocore.runner import worker_process
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor
 from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.parallel_checks import check_parallel_config
 from nanocore.runner.step_plan import ScheduledRow, StepOutput, StepPlan, encode_plan
+from nanocore.runner.wire import WORKER_REPLIES, MalformedMessage, decode_message, encode_message
 from nanocore.runner.worker_process import (NVLS_OFF, SPAWN_HINT, WorkerError, agreed_runner_config, backend_names,
                                      dist_timeout, join_process_group, rank_device, trace, worker_main,
                                      world_size_of)
@@ -35,40 +36,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def check_parallel_config(config: EngineConfig) -> None:
-    """Errors we can give before starting any process."""
-    from nanocore.loader.model_loader import resolve_model_source
-
-    world_size_of(config)
-    hf_config, _ = resolve_model_source(config.model)  # also converts 'default' once, before workers race to
-    is_moe = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
-    if config.expert_parallel_size > 1 and not is_moe:
-        raise ValueError(f"expert_parallel_size={config.expert_parallel_size} needs a mixture-of-experts model but "
-                         f"{config.model!r} is dense; use tensor_parallel_size instead")
-    problems = sharding_problems(hf_config, config.tensor_parallel_size, config.expert_parallel_size)
-    if problems:
-        raise ValueError(f"{config.model!r} cannot be split with tensor_parallel_size={config.tensor_parallel_size} "
-                         f"and expert_parallel_size={config.expert_parallel_size}: {'; '.join(problems)}")
-
-
-def sharding_problems(hf_config, tp: int, ep: int) -> list[str]:
-    """The model sizes a TP / EP layout must divide (the layers check them again when they are built)."""
-    heads = getattr(hf_config, "num_attention_heads", None)
-    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
-    experts = getattr(hf_config, "num_experts", None) or getattr(hf_config, "num_local_experts", None)
-    problems = []
-    if heads and heads % tp:
-        problems.append(f"num_attention_heads {heads} is not divisible by {tp}")
-    if kv_heads and kv_heads % tp and tp % kv_heads:  # fewer KV heads than ranks: each is replicated
-        problems.append(f"num_key_value_heads {kv_heads} and {tp} do not divide one another")
-    if experts and experts % ep:
-        problems.append(f"num_experts {experts} is not divisible by expert_parallel_size {ep}")
-    moe_size = getattr(hf_config, "moe_intermediate_size", None)
-    if experts and ep == 1 and moe_size and moe_size % tp:  # without EP, TP splits each expert
-        problems.append(f"moe_intermediate_size {moe_size} is not divisible by {tp}")
-    return problems
 
 
 class MultiprocExecutor(Executor):
@@ -149,7 +116,7 @@ class MultiprocExecutor(Executor):
         self.raise_if_failed()
         if worker_process.TRACING:  # every step: no message built when off
             trace(0, f"call {method}")
-        data = pickle.dumps((method, args), protocol=pickle.HIGHEST_PROTOCOL)
+        data = encode_message(method, *args)
         try:
             for conn in self.conns:
                 conn.send_bytes(data)
@@ -241,10 +208,14 @@ class Done:
 
 
 def _recv(conn) -> tuple[str, object]:
+    """(stage, its value) of a worker's next reply: a typed message (``wire``), never unpickled."""
     try:
-        return conn.recv()
+        kind, values = decode_message(conn.recv_bytes(), WORKER_REPLIES)
     except (EOFError, OSError):
         return "error", None
+    except MalformedMessage as exc:
+        return "error", (str(exc), "")
+    return kind, (values[0] if len(values) == 1 else values or None)
 
 
 def _describe(rank: int, doing: str, error: tuple[str, str] | None, proc) -> str:
@@ -266,7 +237,7 @@ def _shutdown(procs: list, conns: list, state: dict) -> None:
     if clean:
         try:
             for conn in conns:
-                conn.send_bytes(pickle.dumps(("exit", ())))
+                conn.send_bytes(encode_message("exit"))
         except OSError:
             clean = False
     if not clean:

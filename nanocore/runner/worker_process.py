@@ -3,14 +3,14 @@
 Nano-vLLM style. Each worker is a spawned process that loads plugins from entry points (the config
 travels as a dict of names and options, never classes), joins the process group, loads its model
 shard and builds its own ModelRunner and KV cache. Each step rank 0 sends the ``StepPlan`` as columns of
-plain data (``encode_plan``) through a pipe; every rank runs the same plan, so the collectives inside the model pair up, and only
-rank 0 samples.
+plain data (``encode_plan``, in a typed ``wire`` message, never pickle) through a pipe; every rank runs the same plan,
+so the collectives inside the model pair up, and only rank 0 samples. Launcher ranks (``launcher_worker``) run the
+same ``Worker`` with messages from a gloo broadcast instead of a pipe.
 """
 from __future__ import annotations
 
 import faulthandler
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -28,6 +28,7 @@ from nanocore.runner.heap import frozen_heap
 from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.runner.model_runner import ModelRunner
 from nanocore.runner.step_plan import decode_plan
+from nanocore.runner.wire import WORKER_CALLS, decode_message, encode_message
 
 #: NVLink multicast stays off in every process we start (it breaks on the lent multi-GPU machines).
 NVLS_OFF = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -139,12 +140,22 @@ def worker_main(rank: int, world_size: int, config_dict: dict, init_method: str,
         except ValueError as exc:
             raise ValueError(f"{exc}\n(every worker loads plugins from entry points itself: install the plugin as a "
                              f"distribution and check NANOCORE_PLUGINS / NANOCORE_DISABLE_PLUGINS)") from exc
-        conn.send(("validated", None))
-        Worker(rank, world_size, config, torch.device(device_name), init_method, conn).serve()
+        report = _reporter(conn)
+        report("validated")
+        device = torch.device(device_name)
+        parallel = join_process_group(rank, world_size, config, device, init_method)
+        trace(rank, "joined the process group")
+        if Worker(rank, config, device, parallel, report).serve(conn.recv_bytes):
+            destroy_distributed()  # together with rank 0, which returns last (see destroy_distributed)
     except BaseException as exc:
-        conn.send(("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc())))
+        conn.send_bytes(encode_message("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
         raise SystemExit(1)
     exit_worker_process(0)  # done and out of the group: skip teardown that can abort on leftover threads
+
+
+def _reporter(conn):
+    """A worker's start-up stages, to rank 0 through its pipe."""
+    return lambda stage, *values: conn.send_bytes(encode_message(stage, *values))
 
 
 def exit_when_orphaned(parent_pid: int, poll_s: float = 1.0) -> None:
@@ -160,43 +171,45 @@ def exit_when_orphaned(parent_pid: int, poll_s: float = 1.0) -> None:
 
 
 class Worker:
-    def __init__(self, rank: int, world_size: int, config: EngineConfig, device: torch.device, init_method: str, conn):
+    """One worker rank's ModelRunner: it runs each call rank 0 sends (``report``: start-up stages to rank 0)."""
+
+    def __init__(self, rank: int, config: EngineConfig, device: torch.device, parallel: ParallelContext,
+                 report=lambda stage, *values: None):
         from nanocore.loader import load_model
 
-        self.conn, self.rank = conn, rank
-        parallel = join_process_group(rank, world_size, config, device, init_method)
-        trace(rank, "joined the process group")
+        self.rank = rank
         loaded = load_model(config, device, parallel)
         max_model_len = config.max_model_len or loaded.max_model_len
         codec = build_backend("kv_codec", config, device)
-        conn.send(("loaded", None))
+        report("loaded")
         trace(rank, "model loaded")
         runner_config = agreed_runner_config(config, loaded, device, codec, max_model_len)
         trace(rank, f"agreed on {runner_config.num_kv_blocks} KV blocks")
         self.runner = ModelRunner(runner_config, loaded, device, codec, max_model_len)
         self.runner.samples = False
-        conn.send(("ready", (self.runner.num_blocks, backend_names(loaded, codec))))
+        self.backends = backend_names(loaded, codec)
+        report("ready", self.runner.num_blocks, self.backends)
         trace(rank, "runner ready")
 
-    def serve(self) -> None:
+    def serve(self, receive) -> bool:
+        """Run rank 0's calls (``receive()``: the next message's bytes) until it says exit (True) or is gone."""
         with frozen_heap(collect_first=True):  # as rank 0's loops: a full collection here would stall every step
-            self._serve()
+            return self._serve(receive)
 
-    def _serve(self) -> None:
+    def _serve(self, receive) -> bool:
         while True:
             try:
-                method, args = pickle.loads(self.conn.recv_bytes())
+                method, args = decode_message(receive(), WORKER_CALLS)
             except EOFError:
-                return  # rank 0 is gone; the daemon flag and the group's timeout end us anyway
+                return False  # rank 0 is gone; the daemon flag and the group's timeout end us anyway
             if TRACING:  # every step: no message built when off
                 trace(self.rank, f"call {method}")
             if method == "exit":
-                destroy_distributed()  # together with rank 0, which returns last (see destroy_distributed)
-                return
+                return True
             getattr(self, method)(*args)
 
     def execute(self, plan: dict) -> None:
         self.runner.execute(decode_plan(plan))
 
     def prompt_logits(self, plan: dict, kv_from_cache: bool = False) -> None:
-        self.runner.prompt_logits(decode_plan(plan).rows[0], kv_from_cache)
+        self.runner.prompt_logits(decode_plan(plan).rows[0], bool(kv_from_cache))
