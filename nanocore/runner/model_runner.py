@@ -132,7 +132,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if not self.samples:
             return PendingOutput([])
-        return PendingOutput(sampled, self.sampler(logits, self.sampling.tensors(sampled)))
+        sampling = self.sampling.tensors(sampled, plan.token_bitmask, plan.bitmask_rows)
+        return PendingOutput(sampled, self.sampler(logits, sampling))
 
     @torch.inference_mode()
     def launch_ahead(self, ahead: AheadPlan, token_ids: torch.Tensor) -> None:
