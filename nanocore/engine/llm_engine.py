@@ -10,7 +10,7 @@ import torch
 from nanocore.config import EngineConfig
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.detokenizer import IncrementalDetokenizer, encode_prompt
-from nanocore.engine.output_processor import OutputProcessor
+from nanocore.engine.output_processor import OutputProcessor, Stop
 from nanocore.engine.outputs import EngineStats, Logprob, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
@@ -180,7 +180,7 @@ class LLMEngine:
             self.structured.drop(finished)
         return self._finished_outputs(plan, output, finished)
 
-    def _stop_of(self, seq: Sequence):
+    def _stop_of(self, seq: Sequence) -> Stop | None:
         """The stop check of a step with constrained rows: each sampled token advances its matcher first."""
         verdict = self.structured.advance(seq)
         if verdict is not None and verdict[0] == "error":

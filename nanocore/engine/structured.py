@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from nanocore.config import EngineConfig
+from nanocore.engine.output_processor import Stop
 from nanocore.engine.sequence import Sequence
 from nanocore.interfaces import Constraint, StructuredOutputBackend, StructuredOutputMatcher
 from nanocore.plugins import build_backend
@@ -28,8 +29,6 @@ from nanocore.toolkit.vocabulary import token_vocabulary
 
 #: distinct constraints kept compiled: a server sees a few schemas again and again
 COMPILED_CACHE_SIZE = 256
-
-Stop = tuple[str, int | str | None]  # (finish reason, stop reason), as the output processor reports it
 
 
 class StructuredOutputs:
