@@ -42,9 +42,9 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token (plus the sampled token's)
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    structured_output: Constraint | None = None  # what the output must match (a token mask per step)
+    logit_bias: dict[int, float] | None = None  # token id -> additive bias in [-100, 100]
     _stop: list[str] = field(default_factory=list, init=False, repr=False)
-    structured_output: Constraint | None = None  # the output must match it (JSON schema, regex, grammar, choice)
-    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
 
     def __post_init__(self) -> None:
         if self.stop is not None and (isinstance(self.stop, (bytes, dict)) or not isinstance(self.stop, (str, Iterable))):
