@@ -95,7 +95,7 @@ class StepOutput:
 
 
 ROW_FIELDS = ("seq_id", "start", "token_ids", "block_table", "samples", "num_output_tokens")
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed", "min_tokens")
+SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed", "min_tokens", "min_tokens_banned")
 
 
 def encode_plan(plan: StepPlan) -> dict[str, list]:
@@ -103,9 +103,9 @@ def encode_plan(plan: StepPlan) -> dict[str, list]:
     The token bitmask is not among them: it only matters where sampling happens, on rank 0."""
     rows = plan.rows
     columns = {name: [getattr(r, name) for r in rows] for name in ROW_FIELDS}
-    columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS),
-                            list(r.sampling.min_tokens_banned), [list(pair) for pair in r.sampling.logit_bias]]
-                           for r in rows]
+    columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS[:-1]),
+                            list(r.sampling.min_tokens_banned)] for r in rows]
+    columns["logit_bias"] = [[list(pair) for pair in r.sampling.logit_bias] for r in rows]  # [id, bias] pairs
     columns["finished_seq_ids"], columns["reset_seq_ids"] = plan.finished_seq_ids, plan.reset_seq_ids
     columns["ahead_rows"] = plan.ahead_rows
     return columns
@@ -113,11 +113,11 @@ def encode_plan(plan: StepPlan) -> dict[str, list]:
 
 def decode_plan(columns: dict[str, list]) -> StepPlan:
     """The ``StepPlan`` that ``encode_plan`` wrote; ValueError on columns of different lengths (a malformed message)."""
-    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling")}
+    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling", "logit_bias")}
     if len(set(lengths.values())) != 1:
         raise ValueError(f"malformed step plan: its columns have different lengths {lengths}")
-    sampling = [RowSampling(*values[:-2], tuple(values[-2]), tuple(map(tuple, values[-1])))
-                for values in columns["sampling"]]
+    sampling = [RowSampling(*values[:-1], tuple(values[-1]), tuple(map(tuple, bias)))
+                for values, bias in zip(columns["sampling"], columns["logit_bias"], strict=True)]
     rows = [ScheduledRow(*values, s)
             for *values, s in zip(*(columns[name] for name in ROW_FIELDS), sampling, strict=True)]
     return StepPlan(rows, columns["finished_seq_ids"], columns["reset_seq_ids"], columns["ahead_rows"])
