@@ -11,11 +11,12 @@ from nanocore.config import EngineConfig
 from nanocore.distributed.launcher import launched_rank
 from nanocore.engine.block_manager import BlockManager
 from nanocore.engine.detokenizer import IncrementalDetokenizer, encode_prompt
-from nanocore.engine.output_processor import OutputProcessor
+from nanocore.engine.output_processor import OutputProcessor, Stop
 from nanocore.engine.outputs import EngineStats, Logprob, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.scheduler import Scheduler
 from nanocore.engine.sequence import Sequence, row_sampling
+from nanocore.engine.structured import StructuredOutputs
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor, LocalExecutor
 from nanocore.runner.model_runner import PendingOutput
@@ -73,6 +74,8 @@ class LLMEngine:
                                    config.max_num_seqs, config.max_num_batched_tokens, self.max_model_len)
         self.requests: dict[str, Request] = {}
         self.outputs = OutputProcessor(self.tokenizer, self.eos_token_ids, self.max_model_len, self.requests)
+        self.vocab_size = getattr(loaded_model.hf_config, "vocab_size", None)
+        self.structured = StructuredOutputs(config, self.device, self.tokenizer, self.vocab_size, self.eos_token_ids)
         self.stats = EngineStats()
         self._seq_ids = itertools.count()
         self._request_ids = itertools.count()
@@ -115,6 +118,8 @@ class LLMEngine:
         token_ids = self._check_request(prompt, params)
         max_tokens = self.max_model_len - len(token_ids) if params.max_tokens is None else params.max_tokens
         self.scheduler.check_fits(len(token_ids), max(max_tokens, 1))
+        # compiled here, once per distinct constraint, never inside a step
+        compiled = None if params.structured_output is None else self.structured.compile(params.structured_output)
         request_id = request_id if request_id is not None else str(next(self._request_ids))
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
@@ -127,6 +132,8 @@ class LLMEngine:
                                          row_sampling(params, self.eos_token_ids, seed)))
             request.detokenizers.append(self.outputs.detokenizer(token_ids, params, stream))
             self.scheduler.add(request.seqs[-1])
+        if compiled is not None:
+            self.structured.add([seq.seq_id for seq in request.seqs], compiled)
         self.requests[request_id] = request
         self.stats.num_prompt_tokens += len(token_ids) * params.n  # each sample may hit the cache
         return request
@@ -141,17 +148,23 @@ class LLMEngine:
         token_ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         if not token_ids:
             raise ValueError("the prompt is empty; give at least one token")
-        vocab = getattr(self.loaded.hf_config, "vocab_size", None)
+        vocab = self.vocab_size
         if vocab and not isinstance(prompt, str) and not all(0 <= t < vocab for t in token_ids):
             raise ValueError(f"prompt token ids must be in [0, {vocab}) for this model")
         if vocab and not all(t < vocab for t in params.stop_token_ids):  # min_tokens would index past the logits
             raise ValueError(f"stop_token_ids must be in [0, {vocab}) for this model, got {params.stop_token_ids}")
+        outside = [t for t in params.logit_bias or () if vocab and t >= vocab]
+        if outside:
+            raise ValueError(f"logit_bias token id {outside[0]} is outside this model's vocabulary of {vocab} tokens; "
+                             f"use ids in [0, {vocab})")
         return token_ids
 
     def abort_request(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         for seq in request.seqs if request else []:
             self.scheduler.abort(seq)
+        if request is not None:
+            self.structured.drop(request.seqs)
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -168,12 +181,24 @@ class LLMEngine:
             self._copy_counters()
             return []
         plan = self.scheduler.schedule()
+        constrained = bool(self.structured.matchers)
+        if constrained:
+            self.structured.fill(plan)  # masks of this step's constrained rows, from their accepted tokens
         pending = self.executor.launch(plan)
         if self.async_scheduling:
             self._launch_ahead(pending)
         output = pending.result()
-        finished = self.scheduler.update(plan, output, self.outputs.stop_of)
+        finished = self.scheduler.update(plan, output, self._stop_of if constrained else self.outputs.stop_of)
+        if constrained:
+            self.structured.drop(finished)
         return self._finished_outputs(plan, output, finished)
+
+    def _stop_of(self, seq: Sequence) -> Stop | None:
+        """The stop check of a step with constrained rows: each sampled token advances its matcher first."""
+        verdict = self.structured.advance(seq)
+        if verdict is not None and verdict[0] == "error":
+            return verdict
+        return self.outputs.stop_of(seq) or verdict  # a complete constraint ends the row even with ignore_eos
 
     def _launch_ahead(self, pending: PendingOutput) -> None:
         ahead = self.scheduler.plan_ahead()

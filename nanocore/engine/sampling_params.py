@@ -10,6 +10,8 @@ from nanocore.interfaces.structured_output import Constraint
 
 #: torch.Generator.manual_seed takes seeds in [0, 2**64).
 MAX_SEED = 2**64 - 1
+#: OpenAI's bound on a logit bias: -100 forbids a token in practice, +100 forces it.
+MAX_LOGIT_BIAS = 100.0
 
 
 def _is_int(value) -> bool:
@@ -67,6 +69,7 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self._validate()
+        self.logit_bias = _checked_logit_bias(self.logit_bias)
         for name in ("n", "top_k", "seed", "max_tokens", "min_tokens", "logprobs",
                      "prompt_logprobs"):  # numpy ints -> int
             value = getattr(self, name)
@@ -96,8 +99,9 @@ class SamplingParams:
             (all(t >= 0 for t in self.stop_token_ids), f"stop_token_ids must be >= 0, got {self.stop_token_ids}"),
             (self.logprobs is None or (_is_int(self.logprobs) and self.logprobs >= 0),
              f"logprobs must be None or an integer >= 0 (number of top tokens), got {self.logprobs!r}"),
-            (self.logit_bias is None or all(_is_real(b) and -100 <= b <= 100 for b in self.logit_bias.values()),
-             f"logit_bias values must be numbers in [-100, 100], got {self.logit_bias!r}"),
+            (self.structured_output is None or isinstance(self.structured_output, Constraint),
+             f"structured_output must be None or a nanocore.interfaces.Constraint (Constraint.json_schema(schema), "
+             f"Constraint('regex', pattern), Constraint.choice([...])...), got {self.structured_output!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -110,3 +114,22 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+def _checked_logit_bias(bias) -> dict[int, float] | None:
+    """``bias`` as {token id: float}, or a ValueError naming the bad entry (the token ids' upper bound, the
+    vocabulary size, is checked where the engine adds the request)."""
+    if bias is None:
+        return None
+    if not isinstance(bias, dict):
+        raise ValueError(f"logit_bias must be a dict of token id -> bias, got {type(bias).__name__} {bias!r}")
+    checked = {}
+    for token_id, value in bias.items():
+        if not (_is_int(token_id) and token_id >= 0):
+            raise ValueError(f"logit_bias keys must be integer token ids >= 0, got {token_id!r}")
+        if hasattr(value, "item") and getattr(value, "ndim", 0) == 0:
+            value = value.item()
+        if not (_is_real(value) and -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS):
+            raise ValueError(f"logit_bias of token {token_id} must be a number in [-100, 100], got {value!r}")
+        checked[int(token_id)] = float(value)
+    return checked

@@ -88,4 +88,4 @@ def row_sampling(params: SamplingParams, eos_token_ids=(), seed: int | None = No
     """The runner's view of ``params`` for one sequence; ``seed``: its own stream (None: the shared one)."""
     banned = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_token_ids))
     return RowSampling(params.temperature, params.top_k, params.top_p, params.min_p, params.logprobs, seed,
-                       params.min_tokens, tuple(sorted(banned)))
+                       params.min_tokens, tuple(sorted(banned)), tuple(sorted((params.logit_bias or {}).items())))

@@ -1,4 +1,5 @@
-"""Sampling on the device: temperature, top-k, top-p, min-p, per-request seeds, logprobs.
+"""Sampling on the device: logit edits (min_tokens bans, logit_bias, structured-output masks), temperature,
+top-k, top-p, min-p, per-request seeds, logprobs.
 
 Rows are processed together with vectorised masks; work a batch does not need (sorting for top-k /
 top-p, random numbers when every row is greedy) is skipped. Seeded rows draw their exponential noise
@@ -12,6 +13,7 @@ import torch
 from torch import nn
 
 from nanocore.kernels import sampling as sampling_kernels
+from nanocore.toolkit.token_bitmask import apply_token_bitmask_
 
 
 @dataclass
@@ -29,10 +31,18 @@ class SamplingTensors:
     #: (row index, token id) pairs whose logits are masked (min_tokens: EOS / stop ids not allowed yet).
     banned: tuple[torch.Tensor, torch.Tensor] | None = None
     seeded_rows: list[int] | None = None  # rows whose generator is set (found in ``generators`` when not given)
+    #: (row index, token id, bias) of every logit_bias entry of the batch: added to those logits
+    logit_bias: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    #: structured output: (int32 bitmask ``[rows, words]``, the logits row each mask row masks); forbidden -> -inf
+    token_bitmask: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def __post_init__(self):
         if self.seeded_rows is None:
             self.seeded_rows = [i for i, g in enumerate(self.generators) if g is not None]
+
+    @property
+    def edits_logits(self) -> bool:
+        return self.banned is not None or self.logit_bias is not None or self.token_bitmask is not None
 
 
 @dataclass
@@ -42,6 +52,22 @@ class SamplerOutput:
     logprob_token_ids: torch.Tensor | None = None
     logprobs: torch.Tensor | None = None
     sampled_ranks: torch.Tensor | None = None
+
+
+def edit_logits(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """float32 logits with the bans, the biases and the structured-output masks applied, before temperature and
+    the filters. As in vLLM the mask comes before the logprobs; nanocore's logprobs are of the processed
+    distribution (vLLM's ``logprobs_mode="processed_logprobs"``), so they see the bans and biases too."""
+    logits = logits.float()
+    if params.banned is not None:
+        logits = logits.index_put(params.banned, torch.full((), float("-inf"), device=logits.device))  # no H2D copy
+    if params.logit_bias is not None:
+        rows, ids, values = params.logit_bias
+        logits = logits.index_put((rows, ids), values, accumulate=True)  # a token may be biased in several rows
+    if params.token_bitmask is not None:
+        bitmask, rows = params.token_bitmask
+        apply_token_bitmask_(logits, bitmask, rows)  # -inf stays -inf whatever the bias
+    return logits
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor | None, top_p: torch.Tensor | None) -> torch.Tensor:
@@ -90,14 +116,12 @@ class Sampler(nn.Module):
     use_fused_kernel = True
 
     def forward(self, logits: torch.Tensor, params: SamplingTensors) -> SamplerOutput:
-        if params.all_greedy and params.banned is None and params.max_num_logprobs is None:
+        if params.all_greedy and not params.edits_logits and params.max_num_logprobs is None:
             return SamplerOutput(logits.argmax(dim=-1))  # no float copy and no random draw (argmax is exact in bf16)
         if self._fused_applies(logits, params):
             seed = torch.randint(0, 2**62, (1,), generator=self.generator, device=logits.device)
             return SamplerOutput(sampling_kernels.gumbel_argmax(logits, params.temperatures, seed))
-        logits = logits.float()
-        if params.banned is not None:
-            logits = logits.index_put(params.banned, torch.full((), float("-inf"), device=logits.device))  # no H2D copy
+        logits = edit_logits(logits, params)
         if params.all_greedy:
             processed = logits
             token_ids = logits.argmax(dim=-1)
@@ -117,12 +141,12 @@ class Sampler(nn.Module):
         return self._logprobs(processed, token_ids, params.max_num_logprobs)
 
     def _fused_applies(self, logits: torch.Tensor, params: SamplingTensors) -> bool:
-        """Only batches the kernel samples exactly: no filters, bans, logprobs or per-request seeds."""
+        """Only batches the kernel samples exactly: no filters, logit edits, logprobs or per-request seeds."""
         if not (self.use_fused_kernel and logits.is_cuda and sampling_kernels.triton is not None):
             return False
         if params.top_k is not None or params.top_p is not None or params.min_p is not None:
             return False
-        return params.banned is None and params.max_num_logprobs is None and not params.seeded_rows
+        return not params.edits_logits and params.max_num_logprobs is None and not params.seeded_rows
 
     @staticmethod
     def _logprobs(processed: torch.Tensor, token_ids: torch.Tensor, num: int) -> SamplerOutput:

@@ -137,7 +137,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden)
         if not self.samples:
             return PendingOutput([])
-        return PendingOutput(sampled, self.sampler(logits, self.sampling.tensors(sampled)), prompt)
+        sampling = self.sampling.tensors(sampled, plan.token_bitmask, plan.bitmask_rows)
+        return PendingOutput(sampled, self.sampler(logits, sampling), prompt)
 
     def _score_prompts(self, hidden: torch.Tensor, prompt: PromptRows,
                        rows: list[ScheduledRow]) -> PendingPromptLogprobs | None:

@@ -15,7 +15,7 @@ class SamplingInputs:
     """Sampling tensors per batch of rows, and each seeded sequence's random stream (kept until it finishes).
 
     The per-row part is rebuilt only when the batch's sequences change (decode steps usually keep them); only the
-    min_tokens bans, which depend on progress, are recomputed every step.
+    min_tokens bans, which depend on progress, and the structured-output masks are new every step.
     """
 
     def __init__(self, device: torch.device):
@@ -29,7 +29,18 @@ class SamplingInputs:
         for seq_id in seq_ids:
             self.generators.pop(seq_id, None)
 
-    def tensors(self, rows: list[ScheduledRow]) -> SamplingTensors:
+    def tensors(self, rows: list[ScheduledRow], bitmask: torch.Tensor | None = None,
+                bitmask_rows: list[int] | None = None) -> SamplingTensors:
+        """``rows``: the step's sampling rows; ``bitmask``: the masks of ``rows[bitmask_rows[i]]`` (StepPlan)."""
+        base = self._tensors(rows)
+        if bitmask is None:
+            return base
+        if bitmask.shape[0] != len(bitmask_rows or ()):
+            raise ValueError(f"malformed step plan: {bitmask.shape[0]} token bitmask rows for {bitmask_rows!r}")
+        indices = upload(np.asarray(bitmask_rows, dtype=np.int64), self.device)
+        return dataclasses.replace(base, token_bitmask=(upload(bitmask.numpy(), self.device), indices))
+
+    def _tensors(self, rows: list[ScheduledRow]) -> SamplingTensors:
         key = tuple(map(seq_id_of, rows))
         if key != self._key:
             self._key = key
@@ -70,4 +81,14 @@ class SamplingInputs:
             all_greedy=all(t == 0 for t in temperatures),
             any_greedy=any(t == 0 for t in temperatures),
             max_num_logprobs=max(wants_logprobs) if wants_logprobs else None,
+            logit_bias=self._logit_bias(params),
         )
+
+    def _logit_bias(self, params: list) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+        """(row, token id, bias) of every entry, or None when no row has one."""
+        entries = [(i, token_id, bias) for i, p in enumerate(params) for token_id, bias in p.logit_bias]
+        if not entries:
+            return None
+        rows, ids, biases = zip(*entries)
+        packed = upload(np.array([rows, ids], dtype=np.int64), self.device)
+        return packed[0], packed[1], upload(np.array(biases, dtype=np.float32), self.device)

@@ -7,6 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from operator import attrgetter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +25,7 @@ class RowSampling:
     seed: int | None  # the sequence's own random stream (None: the runner's shared generator)
     min_tokens: int
     min_tokens_banned: tuple[int, ...]  # ids banned until ``min_tokens`` outputs: stop ids, EOS unless ignored
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias added to its logit), sorted by id
 
 
 @dataclass(slots=True)
@@ -56,6 +61,11 @@ class StepPlan:
     reset_seq_ids: list[int] = field(default_factory=list)
     #: rows of the previous ``AheadPlan`` this plan repeats, in order: their forward already ran (None: it does not)
     ahead_rows: list[int] | None = None
+    #: structured output: the allowed next tokens of each constrained row that samples (int32 ``[rows, words]``, CPU,
+    #: ``nanocore.toolkit.token_bitmask`` layout), filled by the engine; only rank 0 samples, so it stays on rank 0
+    token_bitmask: torch.Tensor | None = field(default=None, compare=False)
+    #: for each bitmask row, the index among this step's sampling rows (``rows`` with ``samples``) it masks
+    bitmask_rows: list[int] | None = field(default=None, compare=False)
 
     @property
     def num_tokens(self) -> int:
@@ -96,11 +106,13 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed",
 
 
 def encode_plan(plan: StepPlan) -> dict[str, list]:
-    """``plan`` as columns of ints, floats and lists of them (what travels to other ranks: data, never objects)."""
+    """``plan`` as columns of ints, floats and lists of them (what travels to other ranks: data, never objects).
+    The token bitmask is not among them: it only matters where sampling happens, on rank 0."""
     rows = plan.rows
     columns = {name: [getattr(r, name) for r in rows] for name in (*ROW_FIELDS, *PROMPT_FIELDS)}
     columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS[:-1]),
                             list(r.sampling.min_tokens_banned)] for r in rows]
+    columns["logit_bias"] = [[list(pair) for pair in r.sampling.logit_bias] for r in rows]  # [id, bias] pairs
     columns["finished_seq_ids"], columns["reset_seq_ids"] = plan.finished_seq_ids, plan.reset_seq_ids
     columns["ahead_rows"] = plan.ahead_rows
     return columns
@@ -108,10 +120,11 @@ def encode_plan(plan: StepPlan) -> dict[str, list]:
 
 def decode_plan(columns: dict[str, list]) -> StepPlan:
     """The ``StepPlan`` that ``encode_plan`` wrote; ValueError on columns of different lengths (a malformed message)."""
-    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling", *PROMPT_FIELDS)}
+    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling", "logit_bias", *PROMPT_FIELDS)}
     if len(set(lengths.values())) != 1:
         raise ValueError(f"malformed step plan: its columns have different lengths {lengths}")
-    sampling = [RowSampling(*values[:-1], tuple(values[-1])) for values in columns["sampling"]]
+    sampling = [RowSampling(*values[:-1], tuple(values[-1]), tuple(map(tuple, bias)))
+                for values, bias in zip(columns["sampling"], columns["logit_bias"], strict=True)]
     rows = [ScheduledRow(*values, s, targets, num)
             for *values, s, targets, num in zip(*(columns[name] for name in ROW_FIELDS), sampling,
                                                  *(columns[name] for name in PROMPT_FIELDS), strict=True)]

@@ -125,6 +125,10 @@ def check_plan_columns(columns) -> None:
                                    f"is not {kind.__name__}")
     if any(len(s) != 8 or not isinstance(s[-1], list) for s in columns["sampling"]):
         raise MalformedMessage("malformed message from rank 0: a sampling row needs 8 values, the last a list")
+    if not all(isinstance(row, list) and all(isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
+                                             and type(pair[1]) in (int, float) for pair in row)
+               for row in columns["logit_bias"]):
+        raise MalformedMessage("malformed message from rank 0: a logit_bias row is a list of [token id, bias] pairs")
 
 
 def _problem(what: str, data: bytes) -> str:
