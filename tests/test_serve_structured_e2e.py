@@ -126,3 +126,39 @@ def test_a_constraint_the_backend_cannot_compile_is_400(server):
     assert caught.value.status_code == 400
     ok = chat(client, ASK, max_tokens=5, extra_body={"guided_choice": ["a", "b"]})
     assert ok.choices[0].message.content in ("a", "b")
+
+
+def test_a_slow_compile_stalls_no_other_request(server, monkeypatch):
+    """A constraint compiles off the engine loop thread: while it does, other requests stream and /health answers;
+    a client that leaves meanwhile is never run."""
+    import threading
+    import time
+
+    import httpx
+
+    from nanocore.engine.structured import StructuredOutputs
+
+    client, _ = server
+    compile_once, started, release = StructuredOutputs.compile, threading.Event(), threading.Event()
+
+    def slow_compile(self, constraint):
+        if "slow_field" in str(constraint.value) and not self.is_compiled(constraint):
+            started.set()
+            release.wait(30)
+        return compile_once(self, constraint)
+
+    monkeypatch.setattr(StructuredOutputs, "compile", slow_compile)
+    slow = {"type": "object", "properties": {"slow_field": {"type": "integer"}}, "required": ["slow_field"]}
+    replies = []
+    worker = threading.Thread(target=lambda: replies.append(chat(client, ASK, max_tokens=40, response_format={
+        "type": "json_schema", "json_schema": {"name": "slow", "schema": slow}})))
+    worker.start()
+    assert started.wait(30)
+    base = str(client.base_url).removesuffix("/v1/").removesuffix("/v1")
+    begin = time.monotonic()
+    assert httpx.get(f"{base}/health", timeout=5).status_code == 200
+    plain = chat(client, ASK, max_tokens=8)  # runs to the end while the schema still compiles
+    assert plain.choices[0].finish_reason == "length" and time.monotonic() - begin < 20 and not replies
+    release.set()
+    worker.join(60)
+    jsonschema.validate(json.loads(replies[0].choices[0].message.content), slow)

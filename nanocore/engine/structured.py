@@ -31,6 +31,13 @@ from nanocore.toolkit.vocabulary import token_vocabulary
 COMPILED_CACHE_SIZE = 256
 
 
+class _Refused:
+    """A constraint the backend refused, cached with its message."""
+
+    def __init__(self, message: str):
+        self.message = message
+
+
 class StructuredOutputs:
     def __init__(self, config: EngineConfig, device: torch.device, tokenizer, vocab_size: int | None,
                  stop_token_ids):
@@ -56,18 +63,29 @@ class StructuredOutputs:
             return self._backend
 
     def compile(self, constraint: Constraint) -> Any:
-        """The backend's compiled ``constraint`` (cached); ValueError when the backend refuses it."""
+        """The backend's compiled ``constraint`` (cached); ValueError when the backend refuses it (cached too, so a
+        bad schema sent again is not compiled again)."""
         with self._lock:
             compiled = self._compiled.get(constraint)
             if compiled is not None:
                 self._compiled.move_to_end(constraint)
-                return compiled
-        compiled = self.backend.compile(constraint)  # outside the lock: compiles may run side by side
-        with self._lock:
-            self._compiled[constraint] = compiled
-            while len(self._compiled) > COMPILED_CACHE_SIZE:
-                self._compiled.popitem(last=False)
+        if compiled is None:
+            try:
+                compiled = self.backend.compile(constraint)  # outside the lock: compiles may run side by side
+            except ValueError as exc:
+                compiled = _Refused(str(exc))
+            with self._lock:
+                self._compiled[constraint] = compiled
+                while len(self._compiled) > COMPILED_CACHE_SIZE:
+                    self._compiled.popitem(last=False)
+        if isinstance(compiled, _Refused):
+            raise ValueError(compiled.message)
         return compiled
+
+    def is_compiled(self, constraint: Constraint) -> bool:
+        """Whether ``compile(constraint)`` answers from the cache (a refusal counts)."""
+        with self._lock:
+            return constraint in self._compiled
 
     def add(self, seq_ids: list[int], compiled: Any) -> None:
         """A fresh matcher for each sequence (a request's ``n`` samples each follow the constraint)."""

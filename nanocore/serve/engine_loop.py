@@ -16,6 +16,7 @@ import torch
 
 from nanocore.runner.heap import frozen_heap
 from nanocore.engine.llm import LLM
+from nanocore.serve.constraint_compiles import ConstraintCompiles
 from nanocore.serve.engine_info import describe
 from nanocore.serve.metrics import ServerMetrics
 from nanocore.serve.request_state import CommandSender, NewRequest, RequestUpdate, TrackedRequest
@@ -38,7 +39,9 @@ class EngineLoop(CommandSender):
         self.info = describe(llm)  # what the routes report (/version, /v1/models) and check (max_model_len)
         self.tokenizer = self.engine.tokenizer
         self._sink = None
-        self._commands: deque = deque()  # ("add", [NewRequest]) / ("abort", id) / ("abort_all", message)
+        # ("add", [NewRequest]) / ("compiled", [NewRequest]) / ("abort", id) / ("abort_all", message)
+        self._commands: deque = deque()
+        self._compiles = ConstraintCompiles(self.engine.structured, lambda batch: self._send(("compiled", batch)))
         self._wake = threading.Event()
         self._tracked: dict[str, TrackedRequest] = {}  # loop thread only
         self._started: list[str] = []  # ids that stopped waiting since the last delivery (the client counts them)
@@ -70,6 +73,7 @@ class EngineLoop(CommandSender):
         self._wake.set()
         if self._thread.is_alive():
             self._thread.join()
+        self._compiles.close()
         self.engine.close()
 
     def _send(self, command) -> None:
@@ -103,17 +107,28 @@ class EngineLoop(CommandSender):
         while self._commands:
             kind, payload = self._commands.popleft()
             if kind == "add":
-                self._add_batch(payload)
+                if not self._compiles.defer(payload):  # constraints compile off this thread first
+                    self._add_batch(payload)
+            elif kind == "compiled":
+                self._add_batch(payload, self._compiles.returned(payload))
             elif kind == "abort_all":
+                self._compiles.abort_all(payload)
                 for request_id in list(self._tracked):
                     self._fail(request_id, payload, status=503)
             elif payload in self._tracked:
                 self._remove(payload, abort=True)
+            else:
+                self._compiles.abort(payload)
         self._flush([])
         return True
 
-    def _add_batch(self, batch: list[NewRequest]) -> None:
-        """Every request of the batch is added, or none is (the first refusal answers them all)."""
+    def _add_batch(self, batch: list[NewRequest], refused: BaseException | None = None) -> None:
+        """Every request of the batch is added, or none is (the first refusal, or ``refused``, answers them all)."""
+        if refused is not None:
+            for request in batch:
+                self._started.append(request.request_id)
+                self._sink.accepted(request.request_id, refused)
+            return
         added: list[TrackedRequest] = []
         for position, new in enumerate(batch):
             tracked = TrackedRequest(new, self.stream_interval)
