@@ -78,3 +78,23 @@ def test_bad_pipeline_layouts_fail_before_starting_workers(tmp_path):
     with pytest.raises(ValueError, match="with expert_parallel_size=2 is not supported"):
         LLM(str(make_moe_checkpoint(tmp_path / "moe", "qwen2_moe")), pipeline_parallel_size=2, expert_parallel_size=2,
             **SMALL)
+
+
+@pytest.mark.slow
+def test_tp2_by_pp2_equals_one_rank(tmp_path):
+    """Four ranks: each stage a TP pair; the last stage's second rank computes logits but does not sample."""
+    ckpt = make_checkpoint(tmp_path / "qwen2", "qwen2", num_hidden_layers=3, vocab_size=250)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True, logprobs=1)
+    ref = LLM(str(ckpt), **SMALL)
+    ref_out = ref.generate(PROMPTS, params, use_tqdm=False)
+    ref_logits = ref.engine.prompt_logits(PROMPTS[0])
+    llm = LLM(str(ckpt), tensor_parallel_size=2, pipeline_parallel_size=2, **SMALL)
+    try:
+        out = llm.generate(PROMPTS, params, use_tqdm=False)
+        logits = llm.engine.prompt_logits(PROMPTS[0])
+    finally:
+        llm.close()
+    assert [o.outputs[0].token_ids for o in out] == [o.outputs[0].token_ids for o in ref_out]
+    assert [o.outputs[0].cumulative_logprob for o in out] == pytest.approx(
+        [o.outputs[0].cumulative_logprob for o in ref_out], abs=1e-4)
+    torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)

@@ -10,11 +10,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
 from model_fixtures import make_checkpoint  # noqa: E402
+from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.config import EngineConfig  # noqa: E402
 from nanocore.distributed import ParallelContext  # noqa: E402
 from nanocore.distributed.pipeline import stage_layers  # noqa: E402
 from nanocore.layers.attention import AttentionMetadata  # noqa: E402
 from nanocore.loader import load_model  # noqa: E402
+from nanocore.runner.kv_sizing import profile_forward  # noqa: E402
 from nanocore.runner.pipeline import micro_batches  # noqa: E402
 from nanocore.runner.step_plan import RowSampling, ScheduledRow, StepOutput  # noqa: E402
 from nanocore.runner.wire import MalformedMessage, decode_step_output, encode_message, encode_step_output  # noqa: E402
@@ -49,10 +51,15 @@ def test_micro_batches_cut_rows_by_tokens_in_order_and_never_empty():
         assert [r for mb in cut for r in mb] == rows and all(cut) and len(cut) == min(count, len(rows))
 
 
-@pytest.mark.parametrize("kind, layers, stages", [("qwen2", 3, 2), ("llama_tied", 3, 3), ("qwen3", 4, 2)])
-def test_stages_chained_give_the_whole_models_hidden_states(tmp_path, kind, layers, stages):
-    """Stage models load only their tensors (a tied LM head on the last stage from the embedding) and chain exactly."""
-    ckpt = make_checkpoint(tmp_path / kind, kind, num_hidden_layers=layers)
+@pytest.mark.parametrize("kind, layers, stages", [("qwen2", 3, 2), ("llama_tied", 3, 3), ("qwen3", 4, 2),
+                                                  ("qwen2_moe", 3, 2)])
+def test_stages_chained_give_the_whole_models_logits(tmp_path, kind, layers, stages):
+    """Stage models load only their tensors (a tied LM head on the last stage from the embedding; a MoE model's
+    sparse and dense layers by their checkpoint numbers) and chain exactly."""
+    if kind.endswith("moe"):
+        ckpt = make_moe_checkpoint(tmp_path / kind, kind)  # 3 layers, the middle one dense
+    else:
+        ckpt = make_checkpoint(tmp_path / kind, kind, num_hidden_layers=layers)
     config = EngineConfig(model=str(ckpt), device="cpu")
     whole = load_model(config, "cpu").model
     parts = [load_model(config, "cpu", ParallelContext(pp_rank=r, pp_size=stages)).model for r in range(stages)]
@@ -68,6 +75,8 @@ def test_stages_chained_give_the_whole_models_hidden_states(tmp_path, kind, laye
             carried = part(ids, positions, AttentionMetadata.for_prefill(lens), carried)
         got = parts[-1].compute_logits(carried)
     torch.testing.assert_close(got, expected, atol=0, rtol=0)
+    for part in parts:  # what sizing the KV cache runs on a GPU: each stage alone
+        assert profile_forward(part, ids, positions, AttentionMetadata.for_prefill(lens)).shape == (sum(lens), 64)
 
 
 def test_step_output_travels_as_typed_data():
