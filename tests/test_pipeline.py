@@ -33,7 +33,8 @@ def test_layers_split_evenly_with_the_first_stages_taking_the_rest():
     assert spans == [(0, 3, True, False), (3, 5, False, False), (5, 7, False, True)]
     assert [(s.start, s.end) for s in (stage_layers(4, 2, r) for r in range(2))] == [(0, 2), (2, 4)]
     assert 4 in stage_layers(7, 3, 1) and 5 not in stage_layers(7, 3, 1)
-    with pytest.raises(ValueError, match="pipeline_parallel_size 4 needs at least 4 decoder layers but the model has 3"):
+    with pytest.raises(ValueError, match="pipeline_parallel_size 4 needs at least 4 decoder layers but the model "
+                                         "has 3"):
         stage_layers(3, 4, 0)
 
 

@@ -73,7 +73,8 @@ def send_tensors(tensors: list[torch.Tensor], dst: int) -> list:
     return [dist.isend(t.contiguous(), dst) for t in tensors]
 
 
-def recv_tensors(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device, src: int) -> list[torch.Tensor]:
+def recv_tensors(shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device,
+                 src: int) -> list[torch.Tensor]:
     """Tensors of known ``shapes`` from ``src``, in the order it sent them."""
     out = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
     for work in [dist.irecv(t, src) for t in out]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import nn
@@ -124,7 +125,7 @@ class DecoderModel(nn.Module):
         """The final hidden states; on a stage before the last, ``(hidden, residual)`` for the next stage, which
         passes them back as ``carried`` (the first stage embeds ``input_ids`` instead)."""
         hidden, residual = (self.embed_tokens(input_ids), None) if carried is None else carried
-        for layer in self.layers[self.stage.start:self.stage.end]:
+        for layer in islice(self.layers, self.stage.start, self.stage.end):  # a ModuleList slice costs 0.25 ms
             hidden, residual = layer(positions, hidden, residual, meta)
         if self.norm is None:
             return hidden, residual

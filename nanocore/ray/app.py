@@ -58,8 +58,8 @@ class ReplicaOptions:
 
 
 def replica_resources(config: EngineConfig, options: ReplicaOptions, cluster_has_gpus: bool) -> dict[str, Any]:
-    """``ray_actor_options`` of one replica and, for a multi-GPU (TP / EP / PP) replica, its placement group: all of its
-    GPUs in one bundle on one node, since the engine's ranks are its own child processes (they see the GPUs Ray
+    """``ray_actor_options`` of one replica and, for a multi-GPU (TP / EP / PP) replica, its placement group: all of
+    its GPUs in one bundle on one node, since the engine's ranks are its own child processes (they see the GPUs Ray
     gave the replica, and only those)."""
     if config.device.startswith("cuda:"):
         raise ValueError(f"--device {config.device} names one GPU of this machine, but each Ray replica sees only "
