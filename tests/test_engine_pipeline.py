@@ -2,6 +2,8 @@
 logprobs, seeded samples, prompt logprobs and prompt logits, with chunked prefill and several micro-batches a step."""
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 from nanocore.runner import pipeline  # noqa: E402
+from nanocore.runner.worker_process import WorkerError  # noqa: E402
 
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 150, 249], [8, 1, 77], list(range(30, 60)), [4] * 21, [100, 101], [9] * 13]
 #: a 16-token step budget: the 30- and 21-token prompts prefill in chunks beside other rows' decodes
@@ -98,3 +101,17 @@ def test_tp2_by_pp2_equals_one_rank(tmp_path):
     assert [o.outputs[0].cumulative_logprob for o in out] == pytest.approx(
         [o.outputs[0].cumulative_logprob for o in ref_out], abs=1e-4)
     torch.testing.assert_close(logits, ref_logits, atol=1e-5, rtol=1e-5)
+
+
+def test_a_dead_last_stage_is_a_clear_error(tmp_path):
+    ckpt = make_checkpoint(tmp_path / "qwen2", "qwen2", num_hidden_layers=2)
+    llm = LLM(str(ckpt), pipeline_parallel_size=2, **SMALL)
+    try:
+        assert len(llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)) == 2
+        os.kill(llm.engine.executor.procs[0].pid, signal.SIGKILL)
+        with pytest.raises(WorkerError, match="rank 1 failed while running a step.*killed by signal 9"):
+            llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+        with pytest.raises(WorkerError):  # and it stays an error, never a hang
+            llm.generate(PROMPTS[:2], GREEDY, use_tqdm=False)
+    finally:
+        llm.close()

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from nanocore.config import EngineConfig
 from nanocore.distributed.pipeline import StagePeers, recv_bytes, recv_tensors, send_bytes, send_tensors
-from nanocore.runner.inputs import StepInputs
+from nanocore.runner.inputs import InputBuilder, StepInputs
 from nanocore.runner.model_runner import ModelRunner, PendingOutput
 from nanocore.runner.prompt_logprobs import PendingPromptLogprobs, score_prompts
 from nanocore.runner.step_plan import ScheduledRow, StepOutput, StepPlan
@@ -64,16 +64,20 @@ class PipelineStage:
         self.model = runner.model
         self.hidden_size = runner.model.config.hidden_size
         self.is_sampler = peers.rank == peers.sampler
+        inputs = runner.inputs  # one builder per micro-batch slot: each keeps its rows' block tables between steps
+        self.builders = [InputBuilder(inputs.block_size, inputs.tables.max_blocks_per_seq, inputs.device,
+                                      inputs.decode_order) for _ in range(peers.pp_size)]
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan) -> StepOutput | None:
         runner, peers = self.runner, self.peers
         runner.sampling.drop(plan.finished_seq_ids)
         if plan.reset_seq_ids:
-            runner.inputs.tables.forget(plan.reset_seq_ids)
+            for builder in self.builders:
+                builder.tables.forget(plan.reset_seq_ids)
         sends, kept = [], []
-        for rows in micro_batches(plan.rows, peers.pp_size):
-            inputs = runner.prepare(StepPlan(rows))
+        for builder, rows in zip(self.builders, micro_batches(plan.rows, peers.pp_size)):
+            inputs = builder.prepare(StepPlan(rows), runner.kv_caches, runner.codec)
             out = self._forward(inputs, inputs.meta)
             if peers.is_last:
                 kept.append(self._keep(rows, inputs, out))
