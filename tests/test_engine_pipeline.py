@@ -1,5 +1,6 @@
 """Pipeline parallelism through LLMEngine on CPU (gloo, spawned workers) against one rank: the same greedy tokens,
-logprobs, seeded samples, prompt logprobs and prompt logits, with chunked prefill and several micro-batches a step."""
+logprobs, temperature samples (the engine's seed), prompt logprobs and prompt logits, with chunked prefill and
+several micro-batches a step."""
 from __future__ import annotations
 
 import os
@@ -23,7 +24,7 @@ PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 150, 249], [8, 1, 77], list(range(30, 60))
 #: a 16-token step budget: the 30- and 21-token prompts prefill in chunks beside other rows' decodes
 SMALL = dict(device="cpu", block_size=4, num_kv_blocks=160, max_num_batched_tokens=16)
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
-SEEDED = SamplingParams(temperature=0.9, top_k=20, max_tokens=6, ignore_eos=True)
+TEMPERATURE = SamplingParams(temperature=0.9, top_k=20, max_tokens=6, ignore_eos=True)
 SCORED = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=2)
 
 
@@ -43,7 +44,7 @@ def outputs(llm: LLM) -> dict:
     return {
         "tokens": [o.outputs[0].token_ids for o in greedy],
         "logprobs": [o.outputs[0].cumulative_logprob for o in greedy],
-        "seeded": [o.outputs[0].token_ids for o in llm.generate(PROMPTS, SEEDED, use_tqdm=False)],
+        "sampled": [o.outputs[0].token_ids for o in llm.generate(PROMPTS, TEMPERATURE, use_tqdm=False)],
         "prompt": [[None if p is None else {k: v.logprob for k, v in p.items()} for p in o.prompt_logprobs]
                    for o in llm.generate(PROMPTS[:3], SCORED, use_tqdm=False)],
         "logits": llm.engine.prompt_logits(PROMPTS[2]),
@@ -64,7 +65,7 @@ def test_pp2_equals_one_rank_with_chunked_prefill_and_micro_batches(tmp_path, mo
         llm.close()
     assert got["tokens"] == ref["tokens"]
     assert got["logprobs"] == pytest.approx(ref["logprobs"], abs=1e-4)
-    assert got["seeded"] == ref["seeded"]  # the last stage samples the whole step, as one rank does
+    assert got["sampled"] == ref["sampled"]  # the last stage samples the whole step, as one rank does
     assert len(got["prompt"]) == 3 and all(len(p) == len(q) for p, q in zip(got["prompt"], PROMPTS))
     for mine, theirs in zip(got["prompt"], ref["prompt"]):
         for a, b in zip(mine[1:], theirs[1:]):
