@@ -91,6 +91,8 @@ class EngineConfig(BaseModel):
     moe_shared_expert_overlap: bool = Field(True, description="run an MoE layer's shared expert on a side CUDA stream")
     tensor_parallel_size: int = Field(1, ge=1, le=64, description="GPUs that split each layer's weights")
     expert_parallel_size: int = Field(1, ge=1, le=64, description="ranks that share a MoE model's experts")
+    pipeline_parallel_size: int = Field(1, ge=1, le=64, description="stages that split the decoder layers "
+                                        "(each stage has tensor_parallel_size ranks; for several hosts)")
     heartbeat_timeout_s: float = Field(10.0, gt=0, le=3600, description="ranks started by torchrun: a rank silent "
                                        "this long ends every rank with an error (each beats 5 times per period)")
     seed: int = Field(0, ge=0, description="seed of dummy weights and of unseeded sampling")

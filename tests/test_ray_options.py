@@ -28,6 +28,8 @@ def test_a_tensor_parallel_replica_reserves_its_gpus_as_one_placement_group():
     assert tp2["ray_actor_options"] == {"num_cpus": 2, "num_gpus": 2}
     assert tp2["placement_group_bundles"] == [{"CPU": 2, "GPU": 2}]
     assert tp2["placement_group_strategy"] == "STRICT_PACK"
+    tp2_pp2 = resources(device="cuda", tensor_parallel_size=2, pipeline_parallel_size=2)
+    assert tp2_pp2["ray_actor_options"]["num_gpus"] == 4 and tp2_pp2["placement_group_bundles"][0]["GPU"] == 4
     ep4 = resources(device="auto", tensor_parallel_size=2, expert_parallel_size=4, cluster_has_gpus=True)
     assert ep4["placement_group_bundles"] == [{"CPU": 1.0, "GPU": 4}]  # ranks = max(TP, EP)
     one = resources(device="auto", cluster_has_gpus=True)

@@ -79,6 +79,28 @@ def test_two_nodes_give_one_rank_greedy_tokens(tmp_path, kind, tp, ep):
 
 
 @pytest.mark.slow
+def test_two_nodes_as_two_pipeline_stages_give_one_rank_greedy_tokens(tmp_path):
+    model = make_checkpoint(tmp_path / "qwen2", "qwen2", num_hidden_layers=3)
+    procs = two_nodes([str(SCRIPT), str(model), str(tmp_path / "out.json"), "1", "1"], tmp_path,
+                      {"PIPELINE_STAGES": "2"})
+    codes = finish(procs, timeout_s=150)
+    logs = "".join((tmp_path / f"node{n}.log").read_text() for n in range(2))
+    assert codes == [0, 0], logs
+    assert json.loads((tmp_path / "out.json").read_text())["tokens"] == reference_tokens(model)
+
+
+def test_a_pipeline_that_does_not_fill_the_launched_ranks_says_what_to_pass(monkeypatch):
+    from nanocore.config import EngineConfig
+    from nanocore.runner.parallel_checks import check_world_size
+
+    config = EngineConfig(model="dummy:x", device="cpu", tensor_parallel_size=8, pipeline_parallel_size=2)
+    check_world_size(config, 16)
+    with pytest.raises(ValueError, match="started 8 rank.*pipeline_parallel_size=2 make an engine of 16.*pass "
+                                         "--tensor-parallel-size 4 with --pipeline-parallel-size 2"):
+        check_world_size(config, 8)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("victim, rank0, heartbeat_s, says", [
     ("worker", "steps", "10", "WorkerError: rank 1 (host {host}, pid {pid}) sent no heartbeat for 10 s"),
     ("worker", "idle", "4", "nanocore rank 0: WorkerError: rank 1 (host {host}, pid {pid}) sent no heartbeat"),

@@ -58,7 +58,7 @@ def launched_rank(environ: Mapping[str, str] = os.environ) -> LaunchedRank | Non
 
 
 def join_launched_group(launch: LaunchedRank, tp_size: int, ep_size: int, device: torch.device,
-                        timeout: timedelta) -> tuple[ParallelContext, bool]:
+                        timeout: timedelta, pp_size: int = 1) -> tuple[ParallelContext, bool]:
     """The launcher's process group (or a new one through ``env://``) with the TP / EP groups carved from it;
     True when this call created the group (so this rank leaves it at the end)."""
     created = not dist.is_initialized()
@@ -74,6 +74,6 @@ def join_launched_group(launch: LaunchedRank, tp_size: int, ep_size: int, device
     elif (dist.get_rank(), dist.get_world_size()) != (launch.rank, launch.world_size):
         raise ValueError(f"the process group in this process is rank {dist.get_rank()} of {dist.get_world_size()} "
                          f"but the launcher says RANK {launch.rank} of WORLD_SIZE {launch.world_size}")
-    parallel = init_distributed(launch.rank, launch.world_size, tp_size=tp_size, ep_size=ep_size, device=device,
-                                init_method="env://")
+    parallel = init_distributed(launch.rank, launch.world_size, tp_size=tp_size, ep_size=ep_size, pp_size=pp_size,
+                                device=device, init_method="env://")
     return parallel, created

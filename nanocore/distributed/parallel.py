@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ParallelContext:
-    """Where this process sits in the tensor-parallel and expert-parallel groups."""
+    """Where this process sits in the tensor-parallel and expert-parallel groups and the pipeline's stages."""
 
     tp_rank: int = 0
     tp_size: int = 1
@@ -29,10 +29,13 @@ class ParallelContext:
     ep_rank: int = 0
     ep_size: int = 1
     ep_group: Any = None
+    pp_rank: int = 0
+    pp_size: int = 1
 
     def __post_init__(self):
         assert 0 <= self.tp_rank < self.tp_size, f"tp_rank {self.tp_rank} outside tp_size {self.tp_size}"
         assert 0 <= self.ep_rank < self.ep_size, f"ep_rank {self.ep_rank} outside ep_size {self.ep_size}"
+        assert 0 <= self.pp_rank < self.pp_size, f"pp_rank {self.pp_rank} outside pp_size {self.pp_size}"
 
 
 def tp_all_reduce(x: torch.Tensor, parallel: ParallelContext) -> torch.Tensor:
@@ -69,16 +72,19 @@ def init_distributed(
     *,
     tp_size: int | None = None,
     ep_size: int = 1,
+    pp_size: int = 1,
     device: torch.device | str = "cpu",
     init_method: str | None = None,
 ) -> ParallelContext:
     """Join the default process group (gloo on CPU, NCCL on CUDA) and carve TP / EP groups.
 
-    Ranks ``[k*tp_size, (k+1)*tp_size)`` form tensor-parallel group ``k``; EP groups likewise.
+    Ranks ``[k*tp_size, (k+1)*tp_size)`` form tensor-parallel group ``k``; EP groups likewise. With ``pp_size``
+    stages, stage ``s`` is ranks ``[s*w, (s+1)*w)``, ``w = world_size // pp_size`` (see ``distributed.pipeline``).
     ``init_method`` defaults to ``tcp://127.0.0.1:$MASTER_PORT`` (port 29500 when unset).
     """
-    tp_size = world_size if tp_size is None else tp_size
-    for name, size in (("tensor_parallel_size", tp_size), ("expert_parallel_size", ep_size)):
+    tp_size = world_size // pp_size if tp_size is None else tp_size
+    for name, size in (("tensor_parallel_size", tp_size), ("expert_parallel_size", ep_size),
+                       ("pipeline_parallel_size", pp_size)):
         if size < 1 or world_size % size:
             raise ValueError(f"{name} {size} must divide the number of processes {world_size}")
     if world_size == 1:
@@ -96,6 +102,7 @@ def init_distributed(
     return ParallelContext(
         tp_rank=rank % tp_size, tp_size=tp_size, tp_group=tp_group,
         ep_rank=rank % ep_size, ep_size=ep_size, ep_group=ep_group,
+        pp_rank=rank // (world_size // pp_size), pp_size=pp_size,
     )
 
 

@@ -95,11 +95,12 @@ class LLMEngine:
         if launch is not None:  # a launcher with one rank: this process alone, on its LOCAL_RANK GPU
             check_world_size(config, 1)
             return LocalExecutor(config, launch.device(self.device))
-        if config.tensor_parallel_size == 1 and config.expert_parallel_size == 1:
+        if config.tensor_parallel_size == config.expert_parallel_size == config.pipeline_parallel_size == 1:
             return LocalExecutor(config, self.device)
         if prebuilt:
-            raise ValueError("a prebuilt loaded_model runs on one rank only; with tensor_parallel_size or "
-                             "expert_parallel_size > 1 let the engine load the model (drop loaded_model)")
+            raise ValueError("a prebuilt loaded_model runs on one rank only; with tensor_parallel_size, "
+                             "expert_parallel_size or pipeline_parallel_size > 1 let the engine load the model "
+                             "(drop loaded_model)")
         from nanocore.runner.multiproc_executor import MultiprocExecutor
         return MultiprocExecutor(config, self.device)  # spawns ranks 1..N-1; this process is rank 0
 

@@ -41,6 +41,10 @@ class CausalLMBase(nn.Module):
     ignored_suffixes: tuple[str, ...] = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
     tie_word_embeddings: bool = False
 
+    def holds(self, hf_name: str) -> bool:
+        """Whether this rank's model holds checkpoint tensor ``hf_name`` (False: a pipeline stage elsewhere does)."""
+        return True
+
     def map_name(self, hf_name: str) -> tuple[str, tuple]:
         """(nanocore parameter name, extra weight_loader args) of one HF tensor.
 
@@ -60,6 +64,8 @@ class CausalLMBase(nn.Module):
                 continue
             if self.tie_word_embeddings and hf_name.startswith("lm_head."):
                 continue  # the LM head shares the embedding table
+            if not self.holds(hf_name):
+                continue  # another pipeline stage's tensor
             name, loader_args = self.map_name(hf_name)
             param = params.get(name)
             if param is None:

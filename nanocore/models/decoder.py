@@ -2,14 +2,20 @@
 
     embed -> N x [ RMSNorm -> attention (qkv, optional per-head q/k RMSNorm, RoPE) -> + residual
                    RMSNorm -> MLP (gate_up, SiLU*mul, down) -> + residual ] -> RMSNorm -> LM head
+
+Under pipeline parallelism a rank builds only its stage (``distributed.pipeline.stage_layers``): its layers, the
+embedding on the first stage, the norm and LM head on the last; the others stay ``MissingLayer`` / None.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+from itertools import islice
 
 import torch
 from torch import nn
 
+from nanocore.distributed.pipeline import stage_layers
 from nanocore.layers.activation import get_gated_activation
 from nanocore.layers.attention import Attention, AttentionMetadata
 from nanocore.layers.embedding import ParallelLMHead, VocabParallelEmbedding
@@ -97,22 +103,32 @@ class DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
+class MissingLayer(nn.Module):
+    """A decoder layer that another pipeline stage holds (keeps the checkpoint's layer numbering)."""
+
+
 class DecoderModel(nn.Module):
     def __init__(self, cfg, build: ModelBuildContext, opts: DecoderOptions, make_mlp, prefix: str = "model"):
         super().__init__()
+        self.stage = stage = stage_layers(cfg.num_hidden_layers, build.parallel.pp_size, build.parallel.pp_rank)
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, parallel=build.parallel,
-                                                   params_dtype=build.dtype)
+                                                   params_dtype=build.dtype) if stage.is_first else None
         rope = build_rope(cfg, head_dim_of(cfg))  # one cos/sin table shared by all layers
-        self.layers = nn.ModuleList(
-            DecoderLayer(cfg, build, opts, rope, make_mlp(f"{prefix}.layers.{i}.mlp", i), i, f"{prefix}.layers.{i}")
+        self.layers = nn.ModuleList(  # attention indexes the stage's own KV caches: local layer numbers
+            DecoderLayer(cfg, build, opts, rope, make_mlp(f"{prefix}.layers.{i}.mlp", i), i - stage.start,
+                         f"{prefix}.layers.{i}") if i in stage else MissingLayer()
             for i in range(cfg.num_hidden_layers)
         )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build.dtype)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build.dtype) if stage.is_last else None
 
-    def forward(self, input_ids, positions, meta):
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
+    def forward(self, input_ids, positions, meta, carried=None):
+        """The final hidden states; on a stage before the last, ``(hidden, residual)`` for the next stage, which
+        passes them back as ``carried`` (the first stage embeds ``input_ids`` instead)."""
+        hidden, residual = (self.embed_tokens(input_ids), None) if carried is None else carried
+        for layer in islice(self.layers, self.stage.start, self.stage.end):  # a ModuleList slice costs 0.25 ms
             hidden, residual = layer(positions, hidden, residual, meta)
+        if self.norm is None:
+            return hidden, residual
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
@@ -134,22 +150,44 @@ class DecoderForCausalLM(CausalLMBase):
         self.config, self.build = cfg, build
         self.options = self.decoder_options(cfg)
         self.model = DecoderModel(cfg, build, self.options, self.make_mlp)
+        self.stage = stage = self.model.stage
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, parallel=build.parallel,
-                                      params_dtype=build.dtype)
+                                      params_dtype=build.dtype) if stage.is_last else None
         self.tie_word_embeddings = bool(getattr(cfg, "tie_word_embeddings", False))
-        if self.tie_word_embeddings:
+        if self.tie_word_embeddings and stage.is_first and stage.is_last:
             self.lm_head.tie_to(self.model.embed_tokens)
 
     def make_mlp(self, prefix: str, layer_idx: int) -> nn.Module:
         return GatedMLP(self.config, self.build, self.options, prefix)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
+                carried: tuple[torch.Tensor, torch.Tensor] | None = None):
+        return self.model(input_ids, positions, meta, carried)
+
+    def holds(self, hf_name: str) -> bool:
+        """Whether this pipeline stage holds checkpoint tensor ``hf_name`` (the other stages load the rest)."""
+        stage, layer = self.stage, _LAYER.match(hf_name)
+        if layer:
+            return int(layer.group(1)) in stage
+        if hf_name.startswith("model.embed_tokens."):  # a tied LM head on the last stage loads it too
+            return stage.is_first or (self.tie_word_embeddings and stage.is_last)
+        if hf_name.startswith(("model.norm.", "lm_head.")):
+            return stage.is_last
+        return True
+
+    def map_name(self, hf_name: str) -> tuple[str, tuple]:
+        if hf_name == "model.embed_tokens.weight" and self.model.embed_tokens is None:  # the last stage's tied head
+            return "lm_head.weight", ()
+        return super().map_name(hf_name)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.compute_logits(hidden)
 
     @property
     def kv_cache_spec(self) -> tuple[int, int, int]:
-        attn = self.model.layers[0].self_attn
-        return len(self.model.layers), attn.num_kv_heads, attn.head_dim
+        """(layers, KV heads, head dim) of this stage's KV cache."""
+        attn = self.model.layers[self.stage.start].self_attn
+        return self.stage.end - self.stage.start, attn.num_kv_heads, attn.head_dim
+
+
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")

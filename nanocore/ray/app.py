@@ -58,17 +58,17 @@ class ReplicaOptions:
 
 
 def replica_resources(config: EngineConfig, options: ReplicaOptions, cluster_has_gpus: bool) -> dict[str, Any]:
-    """``ray_actor_options`` of one replica and, for a multi-GPU (TP / EP) replica, its placement group: all of its
-    GPUs in one bundle on one node, since the engine's ranks are its own child processes (they see the GPUs Ray
+    """``ray_actor_options`` of one replica and, for a multi-GPU (TP / EP / PP) replica, its placement group: all of
+    its GPUs in one bundle on one node, since the engine's ranks are its own child processes (they see the GPUs Ray
     gave the replica, and only those)."""
     if config.device.startswith("cuda:"):
         raise ValueError(f"--device {config.device} names one GPU of this machine, but each Ray replica sees only "
                          f"the GPUs Ray gave it: use --device cuda (or auto)")
-    ranks = max(config.tensor_parallel_size, config.expert_parallel_size)
+    ranks = max(config.tensor_parallel_size, config.expert_parallel_size) * config.pipeline_parallel_size
     on_gpu = config.device == "cuda" or (config.device == "auto" and cluster_has_gpus)
     num_gpus = options.num_gpus if options.num_gpus is not None else (ranks if on_gpu else 0)
     if on_gpu and num_gpus < ranks:
-        raise ValueError(f"a replica of {ranks} ranks (tensor / expert parallel) needs {ranks} GPUs, but "
+        raise ValueError(f"a replica of {ranks} ranks (tensor / expert / pipeline parallel) needs {ranks} GPUs, but "
                          f"--num-gpus is {num_gpus}: leave it out or give {ranks}")
     resources: dict[str, Any] = {"ray_actor_options": {"num_cpus": options.num_cpus, "num_gpus": num_gpus}}
     if on_gpu and ranks > 1:

@@ -32,6 +32,23 @@ def graph_reserve(config: EngineConfig, model, profiled_tokens: int, activation_
     return int(1.25 * activation_peak * buckets[-1] / profiled_tokens) + sum(buckets) * row_bytes
 
 
+def profile_forward(model, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    """This rank's layers on a max-size batch, with the logits of each sequence's last token when it has the LM head;
+    a later pipeline stage runs alone, on zero hidden states in place of its predecessor's."""
+    stage = getattr(model, "stage", None)
+    carried = None
+    if stage is not None and not stage.is_first:
+        zeros = torch.zeros(input_ids.shape[0], model.config.hidden_size, dtype=model.build.dtype,
+                            device=input_ids.device)
+        carried = (zeros, zeros.clone())
+    out = model.forward(input_ids, positions, meta) if carried is None else model.forward(input_ids, positions, meta,
+                                                                                          carried)
+    if stage is not None and not stage.is_last:
+        return out[0]
+    model.compute_logits(out[meta.query_start_loc[1:].long() - 1])
+    return out
+
+
 def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes_per_block: int,
                           device: torch.device) -> int:
     """CUDA: run a max-size forward without cache, then give the KV cache what gpu_memory_utilization leaves."""
@@ -46,8 +63,7 @@ def profile_num_kv_blocks(model, config: EngineConfig, max_model_len: int, bytes
     with torch.inference_mode():
         input_ids = torch.zeros(sum(lens), dtype=torch.int64, device=device)
         positions = torch.cat([torch.arange(n, device=device) for n in lens])
-        hidden = model.forward(input_ids, positions, meta)
-        model.compute_logits(hidden[meta.query_start_loc[1:].long() - 1])
+        hidden = profile_forward(model, input_ids, positions, meta)
     torch.cuda.synchronize(device)
     activation_peak = torch.cuda.max_memory_allocated(device) - allocated_before
     used_now = total - free  # weights, CUDA context and other processes

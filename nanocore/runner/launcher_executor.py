@@ -24,6 +24,7 @@ from nanocore.distributed.launcher import LaunchedRank
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor
 from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.pipeline import pipeline_stage
 from nanocore.runner.launcher_worker import check_ranks_agree, join_ranks, run_worker_rank
 from nanocore.runner.multiproc_executor import Done
 from nanocore.runner.parallel_checks import check_parallel_config, check_world_size
@@ -92,17 +93,18 @@ class TorchrunExecutor(Executor):
             check_ranks_agree(runner.num_blocks, backend_names(loaded, codec), self.group)
         self._state["serving"] = True
         self.runner = runner
+        self.stepper = pipeline_stage(runner, self.config) or runner  # what runs each step on this rank
 
     def launch(self, plan: StepPlan) -> Done:
         assert plan.ahead_rows is None, "worker ranks never run a look-ahead: rank 0 would skip a forward they run"
         with self.running_step():
             self.send("execute", encode_plan(plan))
-            return Done(self.runner.execute(plan))
+            return Done(self.stepper.execute(plan))
 
     def prompt_logits(self, row: ScheduledRow, kv_from_cache: bool = False) -> torch.Tensor:
         with self.running_step():
             self.send("prompt_logits", encode_plan(StepPlan([row])), kv_from_cache)
-            return self.runner.prompt_logits(row, kv_from_cache)
+            return self.stepper.prompt_logits(row, kv_from_cache)
 
     def send(self, method: str, *args) -> None:
         """Every worker rank runs ``method(*args)``: one broadcast of the typed message (no reply)."""

@@ -28,7 +28,7 @@ def join_ranks(config: EngineConfig, device: torch.device, launch: LaunchedRank,
     """Every rank's start, in the same order: process group, TP / EP groups, the message group, the heartbeat."""
     os.environ.update(NVLS_OFF)
     parallel, own_group = join_launched_group(launch, config.tensor_parallel_size, config.expert_parallel_size,
-                                              device, dist_timeout())
+                                              device, dist_timeout(), config.pipeline_parallel_size)
     group = new_message_group()
     store = dist.distributed_c10d._get_default_store()
     heartbeat = Heartbeat(store, launch.rank, launch.world_size, config.heartbeat_timeout_s, on_failure).start()

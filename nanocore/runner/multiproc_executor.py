@@ -24,6 +24,7 @@ from nanocore.runner import worker_process
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor
 from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.pipeline import pipeline_stage
 from nanocore.runner.parallel_checks import check_parallel_config
 from nanocore.runner.step_plan import ScheduledRow, StepOutput, StepPlan, encode_plan
 from nanocore.runner.wire import WORKER_REPLIES, MalformedMessage, decode_message, encode_message
@@ -95,6 +96,7 @@ class MultiprocExecutor(Executor):
                                   f"name the backends explicitly instead of 'auto'")
         self._state["serving"] = True
         self.runner = runner
+        self.stepper = pipeline_stage(runner, self.config) or runner  # what runs each step on this rank
 
     # ---- each step -----------------------------------------------------------------------------
     def launch(self, plan: StepPlan) -> "Done":
@@ -102,12 +104,12 @@ class MultiprocExecutor(Executor):
         assert plan.ahead_rows is None, "worker ranks never run a look-ahead: rank 0 would skip a forward they run"
         self.send("execute", encode_plan(plan))
         with self.running_step():
-            return Done(self.runner.execute(plan))
+            return Done(self.stepper.execute(plan))
 
     def prompt_logits(self, row: ScheduledRow, kv_from_cache: bool = False) -> torch.Tensor:
         self.send("prompt_logits", encode_plan(StepPlan([row])), kv_from_cache)  # every rank attends the same way
         with self.running_step():
-            return self.runner.prompt_logits(row, kv_from_cache)
+            return self.stepper.prompt_logits(row, kv_from_cache)
 
     def send(self, method: str, *args) -> None:
         """Ask every worker to run ``method(*args)`` (no reply: the collectives keep us in step)."""

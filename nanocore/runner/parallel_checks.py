@@ -1,4 +1,5 @@
-"""Errors a tensor / expert-parallel layout can be given before any rank starts: sizes the model must divide."""
+"""Errors a tensor / expert / pipeline-parallel layout can be given before any rank starts: sizes the model must
+divide, combinations not built."""
 from __future__ import annotations
 
 from nanocore.config import EngineConfig
@@ -19,6 +20,20 @@ def check_parallel_config(config: EngineConfig) -> None:
     if problems:
         raise ValueError(f"{config.model!r} cannot be split with tensor_parallel_size={config.tensor_parallel_size} "
                          f"and expert_parallel_size={config.expert_parallel_size}: {'; '.join(problems)}")
+    check_pipeline(config, hf_config)
+
+
+def check_pipeline(config: EngineConfig, hf_config) -> None:
+    """Pipeline stages need a layer each; expert parallelism inside a stage is not built."""
+    pp, layers = config.pipeline_parallel_size, getattr(hf_config, "num_hidden_layers", None)
+    if pp == 1:
+        return
+    if config.expert_parallel_size > 1:
+        raise ValueError(f"pipeline_parallel_size={pp} with expert_parallel_size={config.expert_parallel_size} is "
+                         f"not supported; use tensor_parallel_size within each stage (experts split by TP)")
+    if layers is not None and layers < pp:
+        raise ValueError(f"pipeline_parallel_size {pp} needs at least {pp} decoder layers but {config.model!r} has "
+                         f"{layers}; lower pipeline_parallel_size to at most {layers}")
 
 
 def sharding_problems(hf_config, tp: int, ep: int) -> list[str]:
@@ -40,11 +55,18 @@ def sharding_problems(hf_config, tp: int, ep: int) -> list[str]:
 
 
 def check_world_size(config: EngineConfig, world_size: int) -> None:
-    """One engine spans every rank the launcher started: TP and EP groups overlap, so it needs max(TP, EP)."""
-    tp, ep = config.tensor_parallel_size, config.expert_parallel_size
+    """One engine spans every rank the launcher started: TP and EP groups overlap, so it needs max(TP, EP) x PP."""
+    tp, ep, pp = config.tensor_parallel_size, config.expert_parallel_size, config.pipeline_parallel_size
     needed = world_size_of(config)
-    if needed != world_size:
-        raise ValueError(f"the launcher started {world_size} rank(s) (WORLD_SIZE) but tensor_parallel_size={tp} and "
-                         f"expert_parallel_size={ep} make an engine of {needed} (the larger of the two); pass "
-                         f"--tensor-parallel-size {world_size} (or --expert-parallel-size {world_size} for a "
-                         f"mixture-of-experts model), or start nnodes x nproc-per-node = {needed} ranks")
+    if needed == world_size:
+        return
+    started = f"the launcher started {world_size} rank(s) (WORLD_SIZE) but tensor_parallel_size={tp} and " \
+              f"expert_parallel_size={ep}"
+    if pp == 1:
+        raise ValueError(f"{started} make an engine of {needed} (the larger of the two); pass --tensor-parallel-size "
+                         f"{world_size} (or --expert-parallel-size {world_size} for a mixture-of-experts model), or "
+                         f"start nnodes x nproc-per-node = {needed} ranks")
+    fix = (f"pass --tensor-parallel-size {world_size // pp} with --pipeline-parallel-size {pp}" if world_size % pp == 0
+           else f"pass a --pipeline-parallel-size that divides {world_size}")
+    raise ValueError(f"{started} with pipeline_parallel_size={pp} make an engine of {needed} (the larger of the two "
+                     f"times the stages); {fix}, or start nnodes x nproc-per-node = {needed} ranks")

@@ -15,7 +15,7 @@ import sys
 from array import array
 from itertools import chain
 
-from nanocore.runner.step_plan import StepPlan, encode_plan
+from nanocore.runner.step_plan import StepOutput, StepPlan, encode_plan
 
 #: bumped when a message changes shape: ranks of different nanocore versions then fail at the first message
 PROTOCOL = 1
@@ -24,6 +24,8 @@ PROTOCOL = 1
 WORKER_CALLS = {"execute": 1, "prompt_logits": 2, "exit": 0}
 #: spawned worker -> rank 0 (through its pipe): start-up stages and errors
 WORKER_REPLIES = {"validated": 0, "loaded": 0, "ready": 2, "error": 2}
+#: the last pipeline stage -> rank 0: a step's samples (seq ids, token ids, logprobs, prompt logprobs)
+STAGE_REPLIES = {"step_output": 4}
 
 #: the columns ``encode_plan`` writes (taken from it, so a new column needs no change here)
 PLAN_KEYS = frozenset(encode_plan(StepPlan([])))
@@ -134,3 +136,27 @@ def check_plan_columns(columns) -> None:
 def _problem(what: str, data: bytes) -> str:
     head = bytes(data[:80])
     return f"malformed message between nanocore ranks: {what}; first bytes {head!r}"
+
+
+def encode_step_output(output: StepOutput) -> bytes:
+    """A step's samples as a typed message (prompt logprobs as ``[seq_id, entries]`` pairs: JSON keys are text)."""
+    prompt = None if output.prompt_logprobs is None else [[k, v] for k, v in output.prompt_logprobs.items()]
+    return encode_message("step_output", output.seq_ids, output.token_ids, output.logprobs, prompt)
+
+
+def decode_step_output(data: bytes) -> StepOutput:
+    """The ``StepOutput`` that ``encode_step_output`` wrote; MalformedMessage on anything else."""
+    _, (seq_ids, token_ids, logprobs, prompt) = decode_message(data, STAGE_REPLIES)
+    ints = isinstance(seq_ids, list) and isinstance(token_ids, list) and len(seq_ids) == len(token_ids) and all(
+        type(v) is int for v in seq_ids + token_ids)
+    if not ints or not (logprobs is None or _entries(logprobs) and len(logprobs) == len(seq_ids)) or not (
+            prompt is None or isinstance(prompt, list) and all(
+                isinstance(p, list) and len(p) == 2 and type(p[0]) is int and _entries(p[1]) for p in prompt)):
+        raise MalformedMessage("malformed message from the last pipeline stage: a step output needs equal lists of "
+                               "int seq ids and token ids, and logprob entries [ids, logprobs, rank]")
+    return StepOutput(seq_ids, token_ids, None if logprobs is None else [tuple(e) for e in logprobs],
+                      None if prompt is None else {seq: [tuple(e) for e in entries] for seq, entries in prompt})
+
+
+def _entries(entries) -> bool:
+    return isinstance(entries, list) and all(isinstance(e, list) and len(e) == 3 for e in entries)

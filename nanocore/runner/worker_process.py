@@ -27,6 +27,7 @@ from nanocore.plugins import build_backend
 from nanocore.runner.heap import frozen_heap
 from nanocore.runner.kv_sizing import choose_num_kv_blocks, kv_bytes_per_block
 from nanocore.runner.model_runner import ModelRunner
+from nanocore.runner.pipeline import pipeline_stage
 from nanocore.runner.step_plan import decode_plan
 from nanocore.runner.wire import WORKER_CALLS, decode_message, encode_message
 
@@ -44,12 +45,13 @@ class WorkerError(RuntimeError):
 
 
 def world_size_of(config: EngineConfig) -> int:
-    """Processes for one engine: TP and EP groups overlap, so the larger size (the smaller must divide it)."""
+    """Processes for one engine: TP and EP groups overlap, so the larger size (the smaller must divide it), times
+    the pipeline's stages."""
     tp, ep = config.tensor_parallel_size, config.expert_parallel_size
     if max(tp, ep) % min(tp, ep):
         raise ValueError(f"tensor_parallel_size {tp} and expert_parallel_size {ep} must divide one another "
                          f"(e.g. TP=2 with EP=2 or 4)")
-    return max(tp, ep)
+    return max(tp, ep) * config.pipeline_parallel_size
 
 
 def rank_device(device: torch.device, rank: int) -> torch.device:
@@ -91,7 +93,8 @@ def join_process_group(rank: int, world_size: int, config: EngineConfig, device:
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
                             world_size=world_size, timeout=dist_timeout())
     return init_distributed(rank, world_size, tp_size=config.tensor_parallel_size,
-                            ep_size=config.expert_parallel_size, device=device, init_method=init_method)
+                            ep_size=config.expert_parallel_size, pp_size=config.pipeline_parallel_size,
+                            device=device, init_method=init_method)
 
 
 def min_over_ranks(value: int, device: torch.device) -> int:
@@ -116,6 +119,8 @@ def backend_names(loaded, codec) -> dict[str, str | None]:
 
 def agreed_runner_config(config: EngineConfig, loaded, device: torch.device, codec, max_model_len: int) -> EngineConfig:
     """The config every rank builds its ModelRunner with: one KV block count (the minimum) for all ranks."""
+    if config.pipeline_parallel_size > 1:  # a stage's forward waits on its neighbours: no graphs, no lone warm-up
+        config = config.model_copy(update={"enforce_eager": True, "kernel_warmup": False})
     update = {}
     if config.num_kv_blocks is None:  # block ids are shared, so every rank must hold every block
         update["num_kv_blocks"] = min_over_ranks(local_num_kv_blocks(config, loaded, device, codec, max_model_len),
@@ -187,6 +192,7 @@ class Worker:
         trace(rank, f"agreed on {runner_config.num_kv_blocks} KV blocks")
         self.runner = ModelRunner(runner_config, loaded, device, codec, max_model_len)
         self.runner.samples = False
+        self.stepper = pipeline_stage(self.runner, config) or self.runner  # what runs each call
         self.backends = backend_names(loaded, codec)
         report("ready", self.runner.num_blocks, self.backends)
         trace(rank, "runner ready")
@@ -209,7 +215,7 @@ class Worker:
             getattr(self, method)(*args)
 
     def execute(self, plan: dict) -> None:
-        self.runner.execute(decode_plan(plan))
+        self.stepper.execute(decode_plan(plan))
 
     def prompt_logits(self, plan: dict, kv_from_cache: bool = False) -> None:
-        self.runner.prompt_logits(decode_plan(plan).rows[0], bool(kv_from_cache))
+        self.stepper.prompt_logits(decode_plan(plan).rows[0], bool(kv_from_cache))
