@@ -17,6 +17,7 @@ from model_fixtures import make_checkpoint  # noqa: E402
 from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
+from nanocore.interfaces import Constraint  # noqa: E402
 from nanocore.runner import pipeline  # noqa: E402
 from nanocore.runner.worker_process import WorkerError  # noqa: E402
 
@@ -61,6 +62,8 @@ def test_pp2_equals_one_rank_with_chunked_prefill_and_micro_batches(tmp_path, mo
     try:
         assert llm.engine.runner.kv_caches and len(llm.engine.runner.kv_caches) == 2  # stage 0's layers only
         got = outputs(llm)
+        with pytest.raises(ValueError, match="pipeline_parallel_size > 1"):  # masks live on rank 0, not the sampler
+            llm.generate([[5, 6]], SamplingParams(structured_output=Constraint("regex", "a+")))
     finally:
         llm.close()
     assert got["tokens"] == ref["tokens"]

@@ -154,6 +154,10 @@ class LLMEngine:
             raise ValueError(f"prompt token ids must be in [0, {vocab}) for this model")
         if vocab and not all(t < vocab for t in params.stop_token_ids):  # min_tokens would index past the logits
             raise ValueError(f"stop_token_ids must be in [0, {vocab}) for this model, got {params.stop_token_ids}")
+        if params.structured_output is not None and self.config.pipeline_parallel_size > 1:
+            raise ValueError("structured output does not run with pipeline_parallel_size > 1: the last stage samples "
+                             "and the token masks are filled on rank 0; serve constrained requests from an engine "
+                             "without pipeline stages (tensor_parallel_size can split the model instead)")
         outside = [t for t in params.logit_bias or () if vocab and t >= vocab]
         if outside:
             raise ValueError(f"logit_bias token id {outside[0]} is outside this model's vocabulary of {vocab} tokens; "
