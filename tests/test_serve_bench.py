@@ -62,3 +62,22 @@ def test_two_client_processes_share_one_run(tmp_path):
 
     expected = sum(n for _, n in make_workload(7, 4, 12, result["server_info"]["vocab_size"], 0))
     assert row["output_tokens"] == expected
+
+
+def test_json_schema_requests_keep_fixed_lengths(tmp_path, monkeypatch):
+    """``--json-schema``: every request carries it as its response_format; an array with a large minItems cannot
+    close early, so each request still gets exactly its output length (the masked and plain runs compare)."""
+    from nanocore.engine.structured import StructuredOutputs
+
+    out, filled, fill = tmp_path / "serve.json", [], StructuredOutputs.fill
+    monkeypatch.setattr(StructuredOutputs, "fill", lambda self, plan: filled.append(len(self.matchers)) or fill(
+        self, plan))
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 1000}
+    code = main(["bench", "serve", "--server", "thread", "--model", "default", "--device", "cpu",
+                 "--num-kv-blocks", "128", "--num-prompts", "4", "--min-len", "6", "--max-len", "12",
+                 "--concurrency", "4", "--warmup", "none", "--client-processes", "1", "--threads", "1",
+                 "--json-schema", json.dumps(schema), "--json", str(out)])
+    result = json.loads(out.read_text())
+    assert code == 0 and result["rows"][0]["completed"] == 4 and result["rows"][0]["failed"] == 0
+    assert result["workload"]["request_fields"]["response_format"]["json_schema"]["schema"] == schema
+    assert filled and max(filled) >= 2  # the engine masked the requests' steps

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 EXAMPLES = """examples:
   # a server the bench starts (child process) on dummy Qwen3-0.6B shapes; concurrency 256, then Poisson rates:
@@ -52,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-len", type=int, default=100, help="shortest prompt / output (default 100)")
     p.add_argument("--max-len", type=int, default=1024, help="longest prompt / output (default 1024)")
     p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--json-schema", default=None, metavar="FILE_OR_JSON",
+                   help="send every request with this JSON schema as its response_format (the masking cost; a schema "
+                        "that cannot close early, e.g. an array with a large minItems, keeps output lengths fixed)")
     p.add_argument("--workload-seed", type=int, default=0, help="seed of the workload and the arrivals (default 0)")
     p.add_argument("--warmup", choices=["full", "one", "none"], default="full",
                    help="untimed pass first: the workload with shifted ids (default), one request, or none")
@@ -92,7 +96,8 @@ def run_from_args(args, config) -> int:
         "command": "bench serve", "url": args.url, "server": None if args.url else args.server,
         "stream_interval": None if args.url else args.stream_interval, "client_processes": client_processes(args),
         "workload": {"num_prompts": args.num_prompts, "min_len": args.min_len, "max_len": args.max_len,
-                     "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True},
+                     "temperature": args.temperature, "seed": args.workload_seed, "ignore_eos": True,
+                     "request_fields": request_fields(args)},
         "rows": rows, "offline": offline, "server_info": info,
         "config": config_summary(config) if config else None, "environment": environment(info.get("device"))})
     return 0 if all(r["failed"] == 0 for r in rows) else 1
@@ -104,6 +109,18 @@ def build_workload(args, vocab_size: int | None):
     if not vocab_size:
         raise ValueError("the server does not report vocab_size; pass --vocab-size")
     return make_workload(args.num_prompts, args.min_len, args.max_len, vocab_size, args.workload_seed)
+
+
+def request_fields(args) -> dict:
+    """Fields every request carries beyond the workload's: ``--json-schema`` as a ``response_format``."""
+    if args.json_schema is None:
+        return {}
+    text = Path(args.json_schema).read_text() if Path(args.json_schema).is_file() else args.json_schema
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--json-schema is neither a file nor JSON ({exc})") from None
+    return {"response_format": {"type": "json_schema", "json_schema": {"name": "bench", "schema": schema}}}
 
 
 def client_processes(args) -> int:
@@ -122,7 +139,8 @@ def warm_up(url: str, workload, args, model) -> None:
     vocab = max(t for p, _ in workload for t in p) + 2
     shifted = [([(t + 1) % vocab for t in p], n) for p, n in workload]  # same shapes, no prefix-cache hits
     run_load_processes(url, shifted if args.warmup == "full" else shifted[:1], float("inf"), None,
-                       args.temperature, model, args.workload_seed, args.api_key, client_processes(args))
+                       args.temperature, model, args.workload_seed, args.api_key, client_processes(args),
+                       request_fields(args))
 
 
 def timed_run(url: str, workload, args, rate: float, concurrency: int | None, model) -> dict:
@@ -130,7 +148,7 @@ def timed_run(url: str, workload, args, rate: float, concurrency: int | None, mo
 
     processes = client_processes(args)
     records, seconds = run_load_processes(url, workload, rate, concurrency, args.temperature, model,
-                                          args.workload_seed, args.api_key, processes)
+                                          args.workload_seed, args.api_key, processes, request_fields(args))
     return {**summarize(records, seconds), "client_processes": processes}
 
 

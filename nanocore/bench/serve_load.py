@@ -35,9 +35,10 @@ class RequestRecord:
 
 
 async def stream_one(client, model: str | None, prompt: list[int], max_tokens: int, temperature: float,
-                     record: RequestRecord) -> None:
+                     record: RequestRecord, fields: dict | None = None) -> None:
+    """``fields``: more request fields, the same on every request (``response_format``, say)."""
     body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": temperature,
-            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}, **(fields or {})}
     start = last = time.perf_counter()
     try:
         async with client.stream("POST", "/v1/completions", json=body) as response:
@@ -84,7 +85,7 @@ def arrival_offsets(count: int, request_rate: float, seed: int = 0) -> list[floa
 async def run_load(url: str, workload: list[tuple[list[int], int]], request_rate: float, concurrency: int | None,
                    temperature: float = 0.6, model: str | None = None, seed: int = 0,
                    api_key: str | None = None, offsets: list[float] | None = None,
-                   start_at: float | None = None) -> tuple[list[RequestRecord], float]:
+                   start_at: float | None = None, fields: dict | None = None) -> tuple[list[RequestRecord], float]:
     """Send every (prompt, output length) of ``workload``; return the records and the wall time.
 
     ``offsets`` / ``start_at`` (``time.time()``): when each request is sent, for a share of a run that several
@@ -101,7 +102,7 @@ async def run_load(url: str, workload: list[tuple[list[int], int]], request_rate
                                  headers=headers) as client:
         async def limited(prompt, max_tokens, record):
             async with limit:
-                await stream_one(client, model, prompt, max_tokens, temperature, record)
+                await stream_one(client, model, prompt, max_tokens, temperature, record, fields)
 
         start = start_at if start_at is not None else time.time()
         tasks = []
@@ -122,13 +123,15 @@ def _load_share(args: tuple) -> tuple[list[RequestRecord], float]:
 
 def run_load_processes(url: str, workload: list[tuple[list[int], int]], request_rate: float,
                        concurrency: int | None, temperature: float = 0.6, model: str | None = None, seed: int = 0,
-                       api_key: str | None = None, processes: int = 1) -> tuple[list[RequestRecord], float]:
+                       api_key: str | None = None, processes: int = 1,
+                       fields: dict | None = None) -> tuple[list[RequestRecord], float]:
     """``run_load`` spread over ``processes`` client processes (one Python client cannot parse tens of
     thousands of streamed chunks a second): request i goes to process i % processes at its Poisson time,
     and each process keeps ``concurrency / processes`` requests in flight (the remainder to the first)."""
     processes = max(1, min(processes, len(workload)))
     if processes == 1:
-        return asyncio.run(run_load(url, workload, request_rate, concurrency, temperature, model, seed, api_key))
+        return asyncio.run(run_load(url, workload, request_rate, concurrency, temperature, model, seed, api_key,
+                                    fields=fields))
     import multiprocessing
 
     offsets = arrival_offsets(len(workload), request_rate, seed)
@@ -138,7 +141,7 @@ def run_load_processes(url: str, workload: list[tuple[list[int], int]], request_
         share_limit = None if concurrency is None else max(1, concurrency // processes
                                                            + (k < concurrency % processes))
         shares.append((url, workload[k::processes], request_rate, share_limit, temperature, model, seed, api_key,
-                       offsets[k::processes], start_at))
+                       offsets[k::processes], start_at, fields))
     with multiprocessing.get_context("spawn").Pool(processes) as pool:  # spawn: the parent may hold a server
         results = pool.map(_load_share, shares)
     records: list[RequestRecord] = [None] * len(workload)  # back in workload order
