@@ -162,3 +162,37 @@ def test_a_slow_compile_stalls_no_other_request(server, monkeypatch):
     release.set()
     worker.join(60)
     jsonschema.validate(json.loads(replies[0].choices[0].message.content), slow)
+
+
+def _strict_json(text: str):
+    """JSON as a strict parser reads it: no NaN or Infinity."""
+    def refuse(name):
+        raise ValueError(f"not JSON: {name}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_logprobs_of_masked_tokens_are_finite_json(server):
+    """Tokens the mask forbids have logprob -inf; the response carries -9999 instead (JSON has no infinity)."""
+    import httpx
+
+    client, _ = server
+    base = str(client.base_url).rstrip("/")
+    body = {"model": NAME, "prompt": "Answer yes or no:", "max_tokens": 4, "temperature": 0, "logprobs": 3,
+            "guided_choice": ["yes", "no"]}
+    whole = httpx.post(f"{base}/completions", json=body, timeout=60)
+    assert whole.status_code == 200, whole.text
+    logprobs = _strict_json(whole.text)["choices"][0]["logprobs"]
+    assert all(v >= -9999.0 for top in logprobs["top_logprobs"] for v in top.values())
+    with httpx.stream("POST", f"{base}/completions", json={**body, "stream": True}, timeout=60) as streamed:
+        chunks = [_strict_json(line[6:]) for line in streamed.iter_lines() if line.startswith("data: {")]
+    assert chunks and all("error" not in chunk for chunk in chunks)
+    chat_body = {"model": NAME, "messages": ASK, "max_tokens": 4, "temperature": 0, "logprobs": True,
+                 "top_logprobs": 3, "guided_choice": ["yes", "no"]}
+    assert _strict_json(httpx.post(f"{base}/chat/completions", json=chat_body, timeout=60).text)["choices"]
+
+
+def test_min_tokens_past_the_end_of_a_constraint_is_a_400(server):
+    client, _ = server
+    with pytest.raises(openai.BadRequestError, match="lower min_tokens"):
+        client.completions.create(model=NAME, prompt="Answer yes or no:", max_tokens=10, temperature=0,
+                                  extra_body={"guided_choice": ["yes", "no"], "min_tokens": 5})

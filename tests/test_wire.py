@@ -148,5 +148,18 @@ def test_the_engine_refuses_a_mismatch_before_joining_any_group(monkeypatch, tmp
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     with pytest.raises(ValueError, match="pass --tensor-parallel-size 2"):
-        LLM("dummy:x", device="cpu")
+        LLM("dummy:x", device="cpu", tensor_parallel_size=3)
     assert not dist.is_initialized()
+
+
+def test_an_engine_of_one_rank_under_a_launcher_runs_on_its_own(monkeypatch):
+    """Every rank its own engine (data-parallel evaluation under torchrun or accelerate): no group is joined."""
+    import torch.distributed as dist
+
+    from nanocore.runner.executor import LocalExecutor
+
+    for name, value in (("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1")):
+        monkeypatch.setenv(name, value)
+    llm = LLM("dummy:tiny-qwen2", device="cpu", num_kv_blocks=16, block_size=16)
+    assert isinstance(llm.engine.executor, LocalExecutor) and not dist.is_initialized()
+    assert len(llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))[0].outputs[0].token_ids) == 2

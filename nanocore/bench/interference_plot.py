@@ -7,7 +7,7 @@ def plot_timelines(rows: list[dict], workload: dict, path: str, title: str = "")
     try:
         import matplotlib
     except ImportError:
-        raise RuntimeError("--plot needs matplotlib; pip install 'nanocore[plot]' (or matplotlib)") from None
+        raise RuntimeError("--plot needs matplotlib; pip install 'nanocore-llm[plot]' (or matplotlib)") from None
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
 

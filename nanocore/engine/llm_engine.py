@@ -20,7 +20,7 @@ from nanocore.engine.structured import StructuredOutputs
 from nanocore.plugins import build_backend
 from nanocore.runner.executor import Executor, LocalExecutor
 from nanocore.runner.model_runner import PendingOutput
-from nanocore.runner.parallel_checks import check_world_size
+from nanocore.runner.parallel_checks import world_size_of
 from nanocore.runner.step_plan import StepOutput, StepPlan
 
 logger = logging.getLogger("nanocore")
@@ -86,15 +86,14 @@ class LLMEngine:
 
     def _executor(self, config: EngineConfig, prebuilt: bool) -> Executor:
         launch = launched_rank()
-        if launch is not None and launch.world_size > 1:
+        if launch is not None and world_size_of(config) == 1:  # one engine per rank (data parallel), on its GPU
+            return LocalExecutor(config, launch.device(self.device))
+        if launch is not None:
             if prebuilt:
                 raise ValueError("a prebuilt loaded_model runs on one rank only; under torchrun let the engine load "
                                  "the model (drop loaded_model)")
             from nanocore.runner.launcher_executor import launcher_executor
             return launcher_executor(config, self.device, launch)  # ranks > 0 serve rank 0 there, then exit
-        if launch is not None:  # a launcher with one rank: this process alone, on its LOCAL_RANK GPU
-            check_world_size(config, 1)
-            return LocalExecutor(config, launch.device(self.device))
         if config.tensor_parallel_size == config.expert_parallel_size == config.pipeline_parallel_size == 1:
             return LocalExecutor(config, self.device)
         if prebuilt:
@@ -132,9 +131,10 @@ class LLMEngine:
             request.seqs.append(Sequence(seq_id, seq_id, token_ids, params, max_tokens, request_id, index,
                                          row_sampling(params, self.eos_token_ids, seed)))
             request.detokenizers.append(self.outputs.detokenizer(token_ids, params, stream))
-            self.scheduler.add(request.seqs[-1])
-        if compiled is not None:
+        if compiled is not None:  # before the scheduler sees them: a backend that raises here leaves nothing behind
             self.structured.add([seq.seq_id for seq in request.seqs], compiled)
+        for seq in request.seqs:
+            self.scheduler.add(seq)
         self.requests[request_id] = request
         self.stats.num_prompt_tokens += len(token_ids) * params.n  # each sample may hit the cache
         return request

@@ -15,6 +15,8 @@ from nanocore.engine.sequence import Sequence
 logger = logging.getLogger("nanocore")
 
 Stop = tuple[str, int | str | None]  # (finish reason, stop reason)
+#: how an "error" stop reason starts when the request's own fields caused it (the server answers 400, not 500)
+INVALID_REQUEST = "invalid request: "
 
 
 class OutputProcessor:

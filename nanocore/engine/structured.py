@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from nanocore.config import EngineConfig
-from nanocore.engine.output_processor import Stop
+from nanocore.engine.output_processor import INVALID_REQUEST, Stop
 from nanocore.engine.sequence import Sequence
 from nanocore.interfaces import Constraint, StructuredOutputBackend, StructuredOutputMatcher
 from nanocore.plugins import build_backend
@@ -137,8 +137,8 @@ class StructuredOutputs:
     @staticmethod
     def _empty_mask_reason(row: ScheduledRow) -> str:
         if row.num_output_tokens < row.sampling.min_tokens:
-            return (f"structured output: the constraint is complete after {row.num_output_tokens} tokens, but "
-                    f"min_tokens={row.sampling.min_tokens} forbids the stop token; lower min_tokens")
+            return (f"{INVALID_REQUEST}structured output: the constraint is complete after {row.num_output_tokens} "
+                    f"tokens, but min_tokens={row.sampling.min_tokens} forbids the stop token; lower min_tokens")
         return (f"structured output: the constraint allows no next token after {row.num_output_tokens} generated "
                 f"tokens (the backend's mask is empty); the request was ended rather than sample outside it")
 

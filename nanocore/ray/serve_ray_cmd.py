@@ -32,7 +32,7 @@ def register(subparsers) -> None:
                    help="requests per replica the autoscaler aims for (default 2)")
     r.add_argument("--num-cpus", type=float, default=1.0, help="CPUs per replica, may be fractional (default 1)")
     r.add_argument("--num-gpus", type=float, default=None,
-                   help="GPUs per replica (default: tensor/expert parallel ranks on a GPU, 0 on the CPU)")
+                   help="GPUs per replica (default: its ranks, max(TP, EP) x PP, on a GPU; 0 on the CPU)")
     r.add_argument("--max-ongoing-requests", type=int, default=None,
                    help="requests a replica takes at once (default: --max-num-seqs)")
     r.add_argument("--health-check-period", type=float, default=10.0, help="seconds between health checks")

@@ -30,7 +30,8 @@ async def generate(client: EngineClient, prompts: list[list[int]], params: Sampl
         return Response(status_code=499)  # the client left; its requests were aborted
     failed = next((u for u in updates if u.error is not None), None)
     if failed is not None:
-        raise APIError(failed.status, failed.error, type="server_error")
+        raise APIError(failed.status, failed.error, type="server_error" if failed.status >= 500 else
+                       "invalid_request_error")
     choices = [(i * params.n + out.index, out, u.output) for i, u in enumerate(updates) for out in u.output.outputs]
     completion_tokens = sum(len(out.token_ids) for _, out, _ in choices)
     return JSONResponse(shape.body(choices, usage(prompt_tokens, completion_tokens)))
@@ -79,7 +80,8 @@ async def stream_events(client: EngineClient, streams: list[RequestStream], shap
     try:
         async for prompt_index, update in merged_updates(streams):
             if update.error is not None:
-                yield sse(APIError(update.status, update.error, type="server_error").body()) + DONE
+                kind = "server_error" if update.status >= 500 else "invalid_request_error"
+                yield sse(APIError(update.status, update.error, type=kind).body()) + DONE
                 return
             chunks = []
             for delta in update.deltas:

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from nanocore.engine.output_processor import INVALID_REQUEST
 from nanocore.engine.outputs import Logprob, RequestOutput
 from nanocore.engine.sampling_params import SamplingParams
 from nanocore.engine.sequence import SequenceStatus
@@ -84,7 +85,7 @@ class TrackedRequest:
 
     def collect(self, engine, output: RequestOutput | None) -> RequestUpdate | None:
         """What is new since the last call; None when nothing is. Runs on the engine loop thread."""
-        deltas, grew, error = [], False, None
+        deltas, grew, error, status = [], False, None, 500
         for seq, detokenizer in zip(self.engine_request.seqs, self.engine_request.detokenizers):
             index, num_output = seq.index, seq.num_output_tokens
             if num_output == self.num_seen[index]:
@@ -93,7 +94,10 @@ class TrackedRequest:
                 continue
             grew, self.num_seen[index] = True, num_output
             if seq.finish_reason == ERROR_FINISH:
-                error = f"generation failed: {seq.stop_reason}"
+                user_error = str(seq.stop_reason).startswith(INVALID_REQUEST)
+                error = str(seq.stop_reason).removeprefix(INVALID_REQUEST) if user_error else \
+                    f"generation failed: {seq.stop_reason}"
+                status = 400 if user_error else 500
             sent = self.num_sent[index]
             if self.streaming and (sent == 0 or seq.is_finished or num_output - sent >= self.stream_interval):
                 deltas.append(self._delta(engine, seq, detokenizer, sent))
@@ -101,7 +105,7 @@ class TrackedRequest:
         if not grew and output is None:
             return None
         return RequestUpdate(deltas, finished=output is not None or error is not None, output=output, error=error,
-                             new_tokens=grew)
+                             status=status, new_tokens=grew)
 
     def _delta(self, engine, seq, detokenizer, sent: int) -> SampleDelta:
         logprobs = None

@@ -20,6 +20,14 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+#: what a -inf logprob (a token masked out or filtered away) is sent as: JSON has no infinity, and vLLM sends -9999
+LOWEST_LOGPROB = -9999.0
+
+
+def _finite(logprob: float) -> float:
+    return max(logprob, LOWEST_LOGPROB)
+
+
 def _token_text(token_id: int, entry: Logprob) -> str:
     return entry.decoded_token if entry.decoded_token is not None else f"token_id:{token_id}"
 
@@ -40,8 +48,8 @@ def completion_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob] 
         if entries is None:
             text, logprob, top_entry = first_token, None, None
         else:
-            text, logprob = _token_text(token_id, entries[token_id]), entries[token_id].logprob
-            top_entry = {_token_text(t, e): e.logprob for t, e in _ranked(entries, top_n)}
+            text, logprob = _token_text(token_id, entries[token_id]), _finite(entries[token_id].logprob)
+            top_entry = {_token_text(t, e): _finite(e.logprob) for t, e in _ranked(entries, top_n)}
         tokens.append(text)
         token_logprobs.append(logprob)
         top.append(top_entry)
@@ -57,7 +65,7 @@ def prompt_logprobs_body(prompt_logprobs: list[dict[int, Logprob] | None] | None
     if prompt_logprobs is None:
         return None
     return [None if entries is None else {
-        str(t): {"logprob": max(e.logprob, -9999.0), "rank": e.rank, "decoded_token": e.decoded_token}
+        str(t): {"logprob": _finite(e.logprob), "rank": e.rank, "decoded_token": e.decoded_token}
         for i, (t, e) in enumerate(entries.items()) if i == 0 or e.rank <= top_n} for entries in prompt_logprobs]
 
 
@@ -77,7 +85,7 @@ def chat_logprobs(token_ids: list[int], logprobs: list[dict[int, Logprob]] | Non
 
     def item(token_id: int, entry: Logprob) -> dict[str, Any]:
         text = _token_text(token_id, entry)
-        return {"token": text, "logprob": entry.logprob, "bytes": list(text.encode("utf-8"))}
+        return {"token": text, "logprob": _finite(entry.logprob), "bytes": list(text.encode("utf-8"))}
 
     content = [{**item(t, entries[t]), "top_logprobs": [item(i, e) for i, e in _ranked(entries, top_n)]}
                for t, entries in zip(token_ids, logprobs)]
