@@ -99,6 +99,11 @@ def test_a_payload_that_does_not_match_its_row_lengths_is_refused():
     ("seq_id", [True], "column 'seq_id' holds a value that is not int"),
     ("finished_seq_ids", None, "column 'finished_seq_ids' is not a list"),
     ("sampling", [[0.0, 1, 1.0]], "sampling row needs 8 values"),
+    ("prompt_targets", ["abc"], "prompt_targets entry is null or a list of ints"),
+    ("num_prompt_logprobs", [-1], "num_prompt_logprobs holds a value"),
+    ("ahead_rows", {"x": 1}, "ahead_rows is null or a list"),
+    ("reset_seq_ids", ["3"], "reset_seq_ids holds a value"),
+    ("logit_bias", [[[1, "big"]]], "logit_bias row is a list of"),
 ])
 def test_a_malformed_plan_in_a_message_is_refused(column, value, match):
     columns = good_columns()

@@ -127,6 +127,16 @@ def check_plan_columns(columns) -> None:
                                    f"is not {kind.__name__}")
     if any(len(s) != 8 or not isinstance(s[-1], list) for s in columns["sampling"]):
         raise MalformedMessage("malformed message from rank 0: a sampling row needs 8 values, the last a list")
+    if not all(t is None or (isinstance(t, list) and all(type(i) is int for i in t)) for t in columns["prompt_targets"]):
+        raise MalformedMessage("malformed message from rank 0: a prompt_targets entry is null or a list of ints")
+    if not all(type(n) is int and n >= 0 for n in columns["num_prompt_logprobs"]):
+        raise MalformedMessage("malformed message from rank 0: num_prompt_logprobs holds a value that is not an int >= 0")
+    ahead = columns["ahead_rows"]
+    if ahead is not None and not (isinstance(ahead, list) and all(type(i) is int and i >= 0 for i in ahead)):
+        raise MalformedMessage("malformed message from rank 0: ahead_rows is null or a list of row indices")
+    for name in ("finished_seq_ids", "reset_seq_ids"):
+        if not all(type(i) is int for i in columns[name]):
+            raise MalformedMessage(f"malformed message from rank 0: {name} holds a value that is not an int")
     if not all(isinstance(row, list) and all(isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int
                                              and type(pair[1]) in (int, float) for pair in row)
                for row in columns["logit_bias"]):
