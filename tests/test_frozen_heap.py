@@ -131,5 +131,6 @@ def test_a_tensor_parallel_worker_serves_rank_zero_with_the_heap_frozen():
 
     worker, counts = Worker.__new__(Worker), []
     worker.rank, worker.runner = 1, Runner()
+    worker.stepper = worker.runner  # no pipeline stages: the runner runs each call
     assert worker.serve(receive) is False  # the pipe closed: no exit call
     assert counts and counts[0] > 0 and gc.get_freeze_count() == 0

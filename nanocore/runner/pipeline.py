@@ -144,5 +144,4 @@ class PipelineStage:
         if not self.is_sampler:
             return StepOutput([], [])
         output = PendingOutput(rows, self.runner.sampler(logits, self.runner.sampling.tensors(rows))).result()
-        output.prompt_logprobs = prompt_logprobs
-        return output
+        return dataclasses.replace(output, prompt_logprobs=prompt_logprobs)

@@ -112,12 +112,10 @@ class TrackedRequest:
         if seq.output_logprobs is not None:
             logprobs = [engine.logprob_dict(entry) for entry in seq.output_logprobs[sent:]]
         text = detokenizer.stream_delta(seq.is_finished) if detokenizer is not None else ""
-        delta = SampleDelta(seq.index, text, seq.token_ids[seq.num_prompt_tokens + sent:], logprobs,
-                            seq.finish_reason, seq.stop_reason)
         scored = self.engine_request.seqs[0].prompt_logprobs  # the request's first sample scores the prompt
-        if sent == 0 and scored is not None:
-            delta.prompt_logprobs = [None, *map(engine.logprob_dict, scored)]
-        return delta
+        prompt = [None, *map(engine.logprob_dict, scored)] if sent == 0 and scored is not None else None
+        return SampleDelta(seq.index, text, seq.token_ids[seq.num_prompt_tokens + sent:], logprobs,
+                           seq.finish_reason, seq.stop_reason, prompt)
 
     def mark_tokens(self, now: float) -> tuple[float | None, float | None]:
         """(time to first token, inter-token latency): the one that applies to new tokens at ``now``."""
