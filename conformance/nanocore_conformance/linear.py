@@ -18,6 +18,7 @@ from nanocore.layers.linear import RowParallelLinear
 from nanocore_conformance.base import MAX_EXAMPLES, generator, randn, suite_settings
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.linear_boundaries import LinearBoundaryConformance, bad_rows
+from nanocore_conformance.linear_calibration import LinearCalibrationConformance
 from nanocore_conformance.linear_checkpoints import LinearCheckpointConformance
 from nanocore_conformance.linear_formats import WRITERS
 from nanocore_conformance.linear_layers import (  # noqa: F401  (quantize_layer, method_options: public here too)
@@ -58,7 +59,8 @@ def build_layer(method, weight: torch.Tensor, partitions: list[int], dtype, devi
     return layer
 
 
-class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConformance, BackendContractConformance):
+class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConformance, LinearCalibrationConformance,
+                              BackendContractConformance):
     kind = "linear_method"
     #: Requirements: multiples the backend needs for input_size (K) and each output partition (N).
     input_size_multiple: ClassVar[int] = 1
