@@ -1,5 +1,5 @@
 """Linear methods whose declared ``checkpoint_support`` the suite must accept (CORRECT) or reject (MUTANTS), written
-as a third party would: ``nanocore.interfaces``, ``nanocore.toolkit`` and torch."""
+as a third party would: ``nanocore.interfaces``, ``nanocore.toolkit`` and torch (one extends the int8_w8a8 plugin)."""
 from __future__ import annotations
 
 import torch
@@ -9,6 +9,7 @@ from nanocore_conformance import LinearMethodConformance, bind_all
 from nanocore.interfaces import LinearMethod, set_weight_attrs
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
 from nanocore.toolkit.checkpoint_support import compressed_tensors_config, int8_support
+from nanocore_int8 import Int8W8A8LinearMethod
 
 
 def add_param(layer, name, shape, dtype, weight_loader, **dims):
@@ -125,6 +126,16 @@ class ClaimsStaticInt8(CompressedTensorsInt8):
         return int8_support(cls.__name__, quantization_config)
 
 
+class RoundsActivationsOfW8A16(Int8W8A8LinearMethod):
+    """int8_w8a8 that loads weight-only (W8A16) checkpoints, as it claims, but still rounds every token to int8."""
+
+    def apply(self, layer, x, bias=None):
+        if self.activation_scheme == "none":
+            scale = x.float().abs().amax(dim=-1, keepdim=True).clamp_min(1e-12) / 127
+            x = ((x.float() / scale).round() * scale).to(x.dtype)
+        return super().apply(layer, x, bias)
+
+
 class ClaimsEveryCompressedTensors(CompressedTensorsInt8):
     """Says it loads every compressed-tensors checkpoint (fp8, packed int4 ...) because its quant_method matches."""
 
@@ -151,5 +162,5 @@ class EmptyReason(CompressedTensorsInt8):
 
 CORRECT = [CompressedTensorsInt8, StaticInt8]
 MUTANTS = [ClaimsEveryCompressedTensors, RefusesItsOwnCheckpoints, EmptyReason, StaticConfigWithoutInputScale,
-           ClaimsStaticInt8]
+           ClaimsStaticInt8, RoundsActivationsOfW8A16]
 bind_all(globals(), LinearMethodConformance, CORRECT + MUTANTS)
