@@ -3,6 +3,7 @@ checkout), a WorkDB per target (resumable), a filter that skips every mutation o
 or in functions whose stored result is still current, then cosmic-ray's worker on each mutant, one at a time."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shlex
@@ -48,13 +49,13 @@ def test_command(target: Target) -> str:
 
 def prepare(target: Target, scratch: Path, work: Path, spans: dict[str, Span], plan: Plan,
             done: set[str]) -> tuple[Path, int]:
-    """The target's WorkDB, reused when the source, operators and stored functions are as before; and how
-    many mutants still have to run."""
+    """The target's WorkDB, reused when the source, operators, stored functions and judging suite are as before;
+    and how many mutants still have to run."""
     db_path = work / f"{target.name.replace('/', '__')}.sqlite"
     meta_path = db_path.with_suffix(".json")
     module = scratch / target.file
     meta = {"spans": {name: span.sha for name, span in spans.items()}, "exclude": list(plan.exclude_operators),
-            "done": sorted(done), "file": str(module)}
+            "done": sorted(done), "file": str(module), "suite": suite_fingerprint(scratch, target)}
     old = json.loads(meta_path.read_text()) if meta_path.exists() and db_path.exists() else None
     # more functions done only skips more; one no longer done needs its skipped mutants back: a new session
     if old is None or {**old, "done": None} != {**meta, "done": None} or not set(old["done"]) <= done:
@@ -65,6 +66,18 @@ def prepare(target: Target, scratch: Path, work: Path, spans: dict[str, Span], p
     with use_db(str(db_path), WorkDB.Mode.open) as db:
         _skip_outside(db, spans, plan, done)  # a resumed session gets the current filter too
         return db_path, sum(1 for _ in db.pending_work_items)
+
+
+def suite_fingerprint(scratch: Path, target: Target) -> str:
+    """Hash of what judges the target: the conformance package and the target's test files (a changed suite needs
+    a new session: outcomes stored under the old one would otherwise be reused)."""
+    files = sorted((scratch / "conformance" / "nanocore_conformance").rglob("*.py"))
+    files += sorted({scratch / test.split("::")[0] for test in target.tests})
+    digest = hashlib.sha256()
+    for path in files:
+        if path.is_file():
+            digest.update(str(path.relative_to(scratch)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 def _skip_outside(db: WorkDB, spans: dict[str, Span], plan: Plan, done: set[str]) -> None:

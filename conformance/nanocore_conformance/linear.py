@@ -18,8 +18,9 @@ from nanocore.layers.linear import RowParallelLinear
 from nanocore_conformance.base import MAX_EXAMPLES, generator, randn, suite_settings
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.linear_boundaries import LinearBoundaryConformance, bad_rows
+from nanocore_conformance.linear_calibration import LinearCalibrationConformance
 from nanocore_conformance.linear_checkpoints import LinearCheckpointConformance
-from nanocore_conformance.linear_formats import WRITERS
+from nanocore_conformance.linear_formats import CLAIMED_WRITERS, WRITERS
 from nanocore_conformance.linear_layers import (  # noqa: F401  (quantize_layer, method_options: public here too)
     ROW_PARALLEL, LayerShape, build_layers, checkpoint_weights, load_checkpoint, method_options,
     quantize_layer, random_activations)
@@ -58,7 +59,8 @@ def build_layer(method, weight: torch.Tensor, partitions: list[int], dtype, devi
     return layer
 
 
-class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConformance, BackendContractConformance):
+class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConformance, LinearCalibrationConformance,
+                              BackendContractConformance):
     kind = "linear_method"
     #: Requirements: multiples the backend needs for input_size (K) and each output partition (N).
     input_size_multiple: ClassVar[int] = 1
@@ -114,6 +116,9 @@ class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConform
         x_in = {"hidden": random_activations(*draw["leading"], shape.hidden, g=g),
                 "o_proj": random_activations(*draw["leading"], shape.num_heads * shape.head_dim, g=g),
                 "down_proj": random_activations(*draw["leading"], shape.intermediate, g=g)}
+        if draw.get("outlier_channel"):  # one channel 64x louder in every token, as LLM hidden states have
+            for x in x_in.values():
+                x[..., 0] *= 64
         tp = draw["tp_size"]
         for rank in range(tp):
             layers = build_layers(lambda: backend_cls(dict(options)), shape, rank, tp, dtype, device)
@@ -179,23 +184,30 @@ class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConform
     def test_decoder_layer_matches_unquantized(self, backend_cls, backend_options, dtype, device, draw, seed):
         self._check_layer_against_oracle(backend_cls, backend_options, dtype, device, draw, seed)
 
-    #: layers for checkpoints made elsewhere: two TP ranks with GQA and q/k/v bias; one rank, one KV head
+    #: layers for checkpoints made elsewhere: two TP ranks with GQA and q/k/v bias; one rank, one KV head; one rank
+    #: with a loud channel (rounding activations the checkpoint leaves unrounded then wipes out the quiet ones) and
+    #: every input size a multiple of 4 (int8 packed four to a word)
     reference_draws = ({"tp_size": 2, "heads": (4, 2), "hidden": 47, "head_dim": 16, "intermediate": 24,
                         "leading": [5], "qkv_bias": True},
                        {"tp_size": 1, "heads": (2, 1), "hidden": 20, "head_dim": 7, "intermediate": 33,
-                        "leading": [2, 3], "qkv_bias": False})
+                        "leading": [2, 3], "qkv_bias": False},
+                       {"tp_size": 1, "heads": (2, 2), "hidden": 39, "head_dim": 7, "intermediate": 15,
+                        "leading": [7], "qkv_bias": False, "outlier_channel": True})
 
     def test_loads_checkpoints_made_elsewhere(self, backend_cls, backend_options, dtype, device):
         declared = backend_cls(dict(backend_options)).quant_scheme()
-        writers = [w for w in WRITERS.get(backend_cls.quant_method, ()) if w({}, declared) is not None]
+        writers = [(w, self.reference_draws) for w in WRITERS.get(backend_cls.quant_method, ())
+                   if w({}, declared) is not None]
+        writers += [(w, self.reference_draws[2:]) for w in CLAIMED_WRITERS.get(backend_cls.quant_method, ())
+                    if w({}, declared) is not None and backend_cls.checkpoint_support(w({}, declared)[1]) is None]
         if backend_cls.quant_method is None:
             pytest.skip("plain checkpoints (quant_method None): the decoder-layer check loads them")
         if not writers:
             pytest.skip(f"the suite writes no {backend_cls.quant_method!r} checkpoint with scheme {declared} "
                         f"(it writes {sorted(WRITERS)}: fp8 per channel / per tensor, AutoAWQ GEMM, "
-                        f"compressed-tensors int8 per channel)")
-        for writer in writers:
-            for seed, draw in enumerate(self.reference_draws):
+                        f"compressed-tensors int8 per channel, and channel-wise W8A16 for methods claiming it)")
+        for writer, draws in writers:
+            for seed, draw in enumerate(draws):
                 self._check_layer_against_oracle(backend_cls, backend_options, dtype, device, draw, seed, writer)
 
     def test_quant_scheme_declared(self, backend_cls, backend_options):

@@ -70,6 +70,12 @@ def _int8_channel(w):
     return {"weight": q, "weight_scale": scale}, q.float() * scale
 
 
+def _int8_channel_static(w):
+    tensors, held = _int8_channel(w)
+    # one static scale per input covering |x| <= 8 (the check's activations are standard normal)
+    return {**tensors, "input_scale": torch.full((1,), 8.0 / 127)}, held
+
+
 def _packed(bits, group, symmetric):
     """``group`` None: channel-wise (one group of the whole row)."""
     def write(w):
@@ -101,6 +107,8 @@ CATALOG = {
         _fp8_block),
     "vLLM fp8": ({"quant_method": "fp8", "activation_scheme": "dynamic"}, _fp8_channel),
     "llm-compressor W8A8 int8": (_ct(QuantArgs(8, "int", "channel"), _DYNAMIC_INT8, "int-quantized"), _int8_channel),
+    "llm-compressor W8A8 int8 (static, per tensor)": (
+        _ct(QuantArgs(8, "int", "channel"), QuantArgs(8, "int", "tensor"), "int-quantized"), _int8_channel_static),
     "llm-compressor W4A16": (_ct(QuantArgs(4, "int", "group", 128)), _packed(4, 128, True)),
     "llm-compressor W4A16_ASYM": (_ct(QuantArgs(4, "int", "group", 128, symmetric=False)), _packed(4, 128, False)),
     "llm-compressor W8A16": (_ct(QuantArgs(8, "int", "group", 128)), _packed(8, 128, True)),

@@ -13,6 +13,8 @@ from dataclasses import asdict
 import torch
 
 from nanocore.interfaces.quant_scheme import QuantArgs, QuantScheme
+from nanocore.toolkit.checkpoint_support import compressed_tensors_config
+from nanocore.toolkit.int_packing import pack_quantized_tensors
 from nanocore.toolkit.numerics import FP8_MAX, awq_pack, quantize_fp8, quantize_fp8_per_row, quantize_int8_per_row
 
 
@@ -63,6 +65,19 @@ def compressed_int8(weights, scheme: QuantScheme | None):
     return out, config, scheme.weights
 
 
+def compressed_w8a16_channel(weights, scheme: QuantScheme | None):
+    """llm-compressor's channel-wise W8A16 (``pack-quantized``: int8 four to an int32 ``weight_packed``,
+    ``weight_scale [N, 1]``, ``weight_shape``): weight-only, whatever activations the method rounds otherwise."""
+    weight_args = QuantArgs(8, "int", "channel")
+    if scheme is None or scheme.weights != weight_args:
+        return None
+    out = dict(weights)
+    for name in _linears(weights):
+        w = out.pop(name)
+        out.update({name[: -len("weight")] + key: t for key, t in pack_quantized_tensors(w, 8, w.shape[1], True).items()})
+    return out, compressed_tensors_config(QuantScheme(weight_args), "pack-quantized"), weight_args
+
+
 def _config_args(args: QuantArgs | None) -> dict | None:
     if args is None:
         return None
@@ -71,3 +86,5 @@ def _config_args(args: QuantArgs | None) -> dict | None:
 
 #: quant_method -> the writers of checkpoints made elsewhere in that format
 WRITERS = {"fp8": (fp8_per_channel, fp8_per_tensor), "awq": (autoawq_gemm,), "compressed-tensors": (compressed_int8,)}
+#: quant_method -> writers of formats a method must load when its checkpoint_support accepts their config
+CLAIMED_WRITERS = {"compressed-tensors": (compressed_w8a16_channel,)}

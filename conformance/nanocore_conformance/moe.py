@@ -1,4 +1,5 @@
-"""MoEExecutorConformance: ``apply`` against the ``eager`` oracle (small shapes, and batches from 1 to a few
+"""MoEExecutorConformance: ``apply`` against the interface's formula computed per token (explicit cases, which also
+judge ``eager``) and against the ``eager`` oracle (small shapes, and batches from 1 to a few
 hundred tokens over up to 64 experts with skewed routing, crossing executors' batch-size thresholds), dropped
 slots, bad shapes; for executors declaring the ``fp8_channel`` expert weight format, the same checks with fp8
 weights + per-row scales against ``eager`` on the dequantized weights, and malformed scales."""
@@ -17,6 +18,7 @@ from nanocore.toolkit.moe_weights import dequantize_fp8_experts, quantize_fp8_ex
 from nanocore_conformance.base import (MAX_EXAMPLES, assert_close, check_tolerance_declaration, generator, randn,
                                        suite_settings)
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.moe_dense import DENSE_SHAPES, dense_case, dense_moe
 
 moe_shapes = st.fixed_dictionaries({
     "tokens": st.one_of(st.just(1), st.integers(1, 12)),
@@ -161,6 +163,23 @@ class MoEExecutorConformance(BackendContractConformance):
         for seed, shape in enumerate(boundary_moe_shapes(self.token_thresholds)):
             activation = backend_cls.activations[seed % len(backend_cls.activations)]
             self._check(backend_cls, backend_options, dtype, device, shape, seed, activation)
+
+    def test_explicit_cases_match_the_formula(self, backend_cls, backend_options, dtype, device):
+        executor = backend_cls(backend_options)
+        hidden, intermediate = 2 * self.hidden_multiple, 2 * self.intermediate_multiple
+        for seed, (m, e, k, renormalise) in enumerate(DENSE_SHAPES):
+            activation = backend_cls.activations[seed % len(backend_cls.activations)]
+            args = dense_case(m, e, k, renormalise, hidden, intermediate, dtype, device, seed)
+            out = executor.apply(*args, activation=activation)
+            expected = dense_moe(*args, activation)
+            if dtype != torch.float32:  # eager in dtype rounds every expert's output: each element may match either
+                rounded = EagerMoEExecutor().apply(*args, activation=activation).double().cpu()
+                got = out.double().cpu()
+                expected = torch.where((got - rounded).abs() < (got - expected).abs(), rounded, expected)
+            assert_close(out, expected, backend_cls.tolerance,
+                         f"{self.backend} MoE ({activation}, M={m} tokens, E={e} experts, top_k={k}, ids "
+                         f"{args[2].tolist()}, weights {'renormalised' if renormalise else 'raw'}) vs the formula "
+                         f"sum_k w[m,k] * w2[e] @ (act(gate) * up) computed per token in float64")
 
     @batch_settings
     @given(shape=batch_shapes, seed=st.integers(0, 2**31 - 1))

@@ -46,6 +46,13 @@ def fixed_state(decodes_only: bool = False) -> SchedulerState:
                           running=running)
 
 
+def scarce_blocks_state() -> SchedulerState:
+    """Two decoding sequences at a block boundary (each needs a new block for its next token) and a waiting 16-token
+    prompt (four blocks), block size 4: with few free blocks, decodes and prefill chunks compete for them."""
+    running = [FakeSequence(0, 0, 6, 9, 8, 2, 5), FakeSequence(1, 1, 3, 5, 4, 1, 5)]
+    return SchedulerState(waiting=[FakeSequence(2, 2, 16, 16, 0, 0, 4)], running=running)
+
+
 #: Arrivals for the abort checks: a long prompt that needs several chunks, short ones, later arrivals.
 ABORT_ARRIVALS = [(0, 40, 6), (0, 12, 6), (1, 30, 4), (2, 5, 3), (3, 20, 5), (5, 9, 4)]
 
@@ -107,6 +114,12 @@ class SchedulerPolicyConformance(BackendContractConformance):
         decision = decide_twice(backend_cls(backend_options), fixed_state(decodes_only), StepBudget(*budget, 100, 16),
                                 strict_retries)
         assert decision.items, "every sequence fits the free blocks, so the decision must not be empty"
+
+    @pytest.mark.parametrize("free_blocks", [2, 3, 5, 6])
+    def test_decision_fits_scarce_free_blocks(self, backend_cls, backend_options, strict_retries, free_blocks):
+        # the blocks the decodes' next tokens need count too: a prefill chunk may take only what they leave
+        decide_twice(backend_cls(backend_options), scarce_blocks_state(), StepBudget(64, 8, free_blocks, 4),
+                     strict_retries)
 
     def test_long_prompt_is_not_starved_by_a_stream_of_short_ones(self, backend_cls, backend_options, strict_retries):
         # four 4-token prompts arrive every step, enough to fill the budget alone, behind one long prompt

@@ -83,6 +83,25 @@ class ExpertIdsInFiveBits(EagerMoEExecutor):
         return super().apply(x, topk_weights, torch.where(valid, topk_ids % 32, topk_ids), w13, w2, activation)
 
 
+class DropsOnlyTheSentinelIds(EagerMoEExecutor):
+    """Treats only -1 and ``E`` as dropped slots: ids of other EP ranks' experts past ``E`` index out of range."""
+
+    def apply(self, x, topk_weights, topk_ids, w13, w2, activation="silu"):
+        check_moe_shapes(x, topk_weights, topk_ids, w13, w2, activation, self.activations)
+        intermediate, act = w2.shape[2], {"silu": F.silu, "gelu": F.gelu}[activation]
+        sentinels = (-1, w13.shape[0])
+
+        def expert_out(e, rows, weights):
+            gate_up = rows @ w13[e].t()
+            return ((act(gate_up[:, :intermediate]) * gate_up[:, intermediate:]) @ w2[e].t()).float() * weights
+        out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+        for expert in topk_ids.unique().tolist():
+            if expert not in sentinels:
+                token_idx, slot_idx = (topk_ids == expert).nonzero(as_tuple=True)
+                out.index_add_(0, token_idx, expert_out(expert, x[token_idx], topk_weights[token_idx, slot_idx, None]))
+        return out.to(x.dtype)
+
+
 class DequantizingMoE(EagerMoEExecutor):
     """Takes ``fp8_channel`` experts and runs the oracle on their dequantized weights (correct)."""
 
@@ -115,5 +134,5 @@ class GateScalesOnUpRows(DequantizingMoE):
 
 CORRECT = [PlainMoE, DequantizingMoE]
 MUTANTS = [CountsDroppedSlots, IgnoresTopkWeights, WeightBeforeActivation, SwapsGateAndUp, ChunkedAbove64Tokens,
-           ExpertIdsInFiveBits, IgnoresFp8Scales, GateScalesOnUpRows]
+           ExpertIdsInFiveBits, DropsOnlyTheSentinelIds, IgnoresFp8Scales, GateScalesOnUpRows]
 bind_all(globals(), MoEExecutorConformance, CORRECT + MUTANTS)

@@ -166,6 +166,19 @@ class PopsAdmittedFromWaiting(FifoPrefillFirst):
         return decision
 
 
+class PrefillIgnoresDecodeBlocks(DecodeFirstPolicy):
+    """decode_first whose prefill chunks are sized against every free block, as if decodes needed none."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        for seq in state.running:
+            if seq.num_uncomputed_tokens == 1 and self._has_room(decision, budget):
+                decision.add(seq, 1)
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks, self.chunk_size)
+        return decision
+
+
 class RotatesDecodesPerCall(FifoPrefillFirst):
     """Rotates which running sequences decode first with a counter advanced on every call."""
 
@@ -183,5 +196,5 @@ class RotatesDecodesPerCall(FifoPrefillFirst):
 CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8, AgingShortestFirst]
 MUTANTS = [ShortestPromptFirst, IgnoresTokenBudget, IgnoresMaxNumSeqs, SchedulesTwice, SchedulesZeroTokens,
            ChunkFromPromptLength, AdvancesSequences, PopsAdmittedFromWaiting, RotatesDecodesPerCall,
-           ResumesRememberedPrompt, MisspelledRequirement]
+           ResumesRememberedPrompt, MisspelledRequirement, PrefillIgnoresDecodeBlocks]
 bind_all(globals(), SchedulerPolicyConformance, CORRECT + MUTANTS)
