@@ -77,3 +77,20 @@ def greedy_full_recompute(model, prompt_ids, max_tokens, eos=None):
         if token == eos:
             break
     return ids[len(prompt_ids):]
+
+
+def recorded_plans(prompts, params) -> list:
+    """Every StepPlan the scheduler makes while a small fake-model engine generates ``prompts``."""
+    from nanocore.engine.llm import LLM
+
+    llm = LLM("fake", loaded_model=fake_loaded_model(), device="cpu", block_size=4, num_kv_blocks=24,
+              max_num_batched_tokens=16, prefix_cache="none", kv_codec="unquantized")
+    schedule, plans = llm.engine.scheduler.schedule, []
+
+    def recording():
+        plans.append(schedule())
+        return plans[-1]
+
+    llm.engine.scheduler.schedule = recording
+    llm.generate(prompts, params, use_tqdm=False)
+    return plans

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
-from engine_fakes import fake_loaded_model  # noqa: E402
+from engine_fakes import fake_loaded_model, recorded_plans  # noqa: E402
 
 from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
@@ -24,19 +24,11 @@ def plain(value) -> bool:
 
 
 def test_every_plan_of_a_run_is_plain_data_and_survives_the_wire():
-    llm = LLM("fake", loaded_model=fake_loaded_model(), device="cpu", block_size=4, num_kv_blocks=24,
-              max_num_batched_tokens=16, prefix_cache="none", kv_codec="unquantized")
-    schedule, plans = llm.engine.scheduler.schedule, []
-
-    def recording():
-        plans.append(schedule())
-        return plans[-1]
-
-    llm.engine.scheduler.schedule = recording
-    params = [SamplingParams(temperature=0.8, seed=3, max_tokens=20, min_tokens=4, logprobs=1, stop_token_ids=[7]),
+    params = [SamplingParams(temperature=0.8, seed=3, max_tokens=20, min_tokens=4, logprobs=1, stop_token_ids=[7],
+                             logit_bias={3: 1.5}),
               SamplingParams(temperature=0, max_tokens=30, ignore_eos=True, n=2),
               SamplingParams(max_tokens=0, prompt_logprobs=2)]
-    llm.generate(["hello there", "abc", "a prompt scored in chunks"], params, use_tqdm=False)
+    plans = recorded_plans(["hello there", "abc", "a prompt scored in chunks"], params)
     assert any(r.prompt_targets for p in plans for r in p.rows)
     assert len(plans) > 10 and any(p.finished_seq_ids for p in plans) and any(len(p.rows) > 1 for p in plans)
     for plan in plans:

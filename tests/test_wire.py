@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
-from engine_fakes import fake_loaded_model  # noqa: E402
+from engine_fakes import recorded_plans  # noqa: E402
 
 from nanocore.config import EngineConfig  # noqa: E402
 from nanocore.distributed.launcher import LaunchedRank, launched_rank  # noqa: E402
@@ -24,19 +24,9 @@ from nanocore.runner.wire import (WORKER_CALLS, WORKER_REPLIES, MalformedMessage
 
 
 def some_plans():
-    llm = LLM("fake", loaded_model=fake_loaded_model(), device="cpu", block_size=4, num_kv_blocks=24,
-              max_num_batched_tokens=16, prefix_cache="none", kv_codec="unquantized")
-    schedule, plans = llm.engine.scheduler.schedule, []
-
-    def recording():
-        plans.append(schedule())
-        return plans[-1]
-
-    llm.engine.scheduler.schedule = recording
     params = [SamplingParams(temperature=0.7, top_p=0.9, seed=5, max_tokens=12, min_tokens=3, stop_token_ids=[7]),
               SamplingParams(temperature=0, max_tokens=15, ignore_eos=True, logprobs=2)]
-    llm.generate(["hello there", "abc"], params, use_tqdm=False)
-    return plans
+    return recorded_plans(["hello there", "abc"], params)
 
 
 def test_every_plan_survives_the_wire_and_the_wire_holds_no_pickle():

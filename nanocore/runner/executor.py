@@ -7,6 +7,8 @@ expert parallelism. A launcher that starts ranks on other hosts plugs in as anot
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from nanocore.config import EngineConfig
@@ -53,6 +55,15 @@ class Executor:
 
     def close(self) -> None:
         """Stop the other ranks (idempotent)."""
+
+    @contextlib.contextmanager
+    def _closing_on_error(self):
+        """Start-up of an executor with other ranks: any failure closes what was started, then propagates."""
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
 
 
 class LocalExecutor(Executor):

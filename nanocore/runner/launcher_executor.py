@@ -141,14 +141,6 @@ class TorchrunExecutor(Executor):
         """Tell the worker ranks to exit and leave the process group together (idempotent; also at GC / exit)."""
         self._finalizer()
 
-    @contextlib.contextmanager
-    def _closing_on_error(self):
-        try:
-            yield
-        except BaseException:
-            self.close()
-            raise
-
 
 def _shutdown(state: dict) -> None:
     """Clean: the workers hear ``exit`` and all ranks leave the group together. Broken: leave it alone."""

@@ -190,14 +190,6 @@ class MultiprocExecutor(Executor):
             return _describe(rank, doing, None, proc)
         return None
 
-    @contextlib.contextmanager
-    def _closing_on_error(self):
-        try:
-            yield
-        except BaseException:
-            self.close()
-            raise
-
 
 class Done:
     """A step already run to its end (the ranks run synchronously)."""
