@@ -86,23 +86,29 @@ class TrackedRequest:
     def collect(self, engine, output: RequestOutput | None) -> RequestUpdate | None:
         """What is new since the last call; None when nothing is. Runs on the engine loop thread."""
         deltas, grew, error, status = [], False, None, 500
+        # a sample's first delta carries the prompt's logprobs: hold it while the first sample still scores them
+        # (a sibling that took a prefix-cache hit can start sampling before the prompt is scored)
+        scoring = self.engine_request.seqs[0].scores_prompt
         for seq, detokenizer in zip(self.engine_request.seqs, self.engine_request.detokenizers):
             index, num_output = seq.index, seq.num_output_tokens
-            if num_output == self.num_seen[index]:
+            held = self.streaming and self.num_sent[index] == 0 < num_output and not scoring  # held, now ready
+            if num_output == self.num_seen[index] and not held:
                 if self.streaming and num_output == 0 and output is not None:  # max_tokens=0: a final delta
                     deltas.append(self._delta(engine, seq, detokenizer, 0))
                 continue
-            grew, self.num_seen[index] = True, num_output
+            grew, self.num_seen[index] = grew or num_output != self.num_seen[index], num_output
             if seq.finish_reason == ERROR_FINISH:
                 user_error = str(seq.stop_reason).startswith(INVALID_REQUEST)
                 error = str(seq.stop_reason).removeprefix(INVALID_REQUEST) if user_error else \
                     f"generation failed: {seq.stop_reason}"
                 status = 400 if user_error else 500
             sent = self.num_sent[index]
+            if sent == 0 and scoring:
+                continue
             if self.streaming and (sent == 0 or seq.is_finished or num_output - sent >= self.stream_interval):
                 deltas.append(self._delta(engine, seq, detokenizer, sent))
                 self.num_sent[index] = num_output
-        if not grew and output is None:
+        if not grew and not deltas and output is None:
             return None
         return RequestUpdate(deltas, finished=output is not None or error is not None, output=output, error=error,
                              status=status, new_tokens=grew)
