@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from thread_fixtures import one_thread  # noqa: E402,F401 (autouse)
 from model_fixtures import make_checkpoint  # noqa: E402
 from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.engine.llm import LLM  # noqa: E402
@@ -24,17 +24,6 @@ from nanocore.plugins import get_registry  # noqa: E402
 PROMPTS = [[5, 17, 200, 3, 99, 42, 7, 150, 249], [8, 1, 77], list(range(30, 60))]
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 SMALL = dict(device="cpu", block_size=4, num_kv_blocks=96)
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """Two CPU cores for several processes: one torch thread each (workers inherit the variable)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-    assert not dist.is_initialized(), "an LLM left its process group behind"
 
 
 @pytest.fixture(scope="module")

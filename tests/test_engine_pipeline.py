@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from thread_fixtures import one_thread  # noqa: E402,F401 (autouse)
 from model_fixtures import make_checkpoint  # noqa: E402
 from test_moe_models import make_moe_checkpoint  # noqa: E402
 from nanocore.engine.llm import LLM  # noqa: E402
@@ -27,17 +27,6 @@ SMALL = dict(device="cpu", block_size=4, num_kv_blocks=160, max_num_batched_toke
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=2)
 TEMPERATURE = SamplingParams(temperature=0.9, top_k=20, max_tokens=6, ignore_eos=True)
 SCORED = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, prompt_logprobs=2)
-
-
-@pytest.fixture(autouse=True)
-def one_thread(monkeypatch):
-    """Two CPU cores for several processes: one torch thread each (workers inherit the variable)."""
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-    assert not dist.is_initialized(), "an LLM left its process group behind"
 
 
 def outputs(llm: LLM) -> dict:

@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
 sys.path.insert(0, str(Path(__file__).parent))  # tests use --import-mode=importlib
+from thread_fixtures import one_thread  # noqa: E402,F401 (autouse)
 from model_fixtures import make_checkpoint  # noqa: E402
 from spawn_helpers import free_port  # noqa: E402
 from test_moe_models import make_moe_checkpoint  # noqa: E402
@@ -55,14 +55,6 @@ def finish(procs: list[subprocess.Popen], timeout_s: float) -> list[int]:
 def reference_tokens(model: Path) -> list[list[int]]:
     llm = LLM(str(model), device="cpu", block_size=4, num_kv_blocks=96)
     return [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY, use_tqdm=False)]
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.mark.slow
