@@ -92,7 +92,7 @@ attention)  # the attention kernels alone: copy bandwidth, prefill against varle
   TAIL=30 step 200 python3 -m benchmarks.attention_micro --json "$out/attention_micro.json" ;;
 profile)  # where a decode step's time goes: host phases, graph replay, the costliest kernels
   TAIL=40 step 200 python3 -m benchmarks.step_profile --model dummy:Qwen3-0.6B --device cuda --dtype bfloat16 \
-    --batch-sizes 1 256 --context-len 512 --kernel-table 16 --json "$out/step_profile_0.6b.json" ;;
+    --batch-sizes 1 64 256 --context-len 512 --kernel-table 16 --timeline --json "$out/step_profile_0.6b.json" ;;
 compile)  # no Triton compilation once the engine is ready
   TAIL=12 step 300 python3 -m benchmarks.compile_check --json "$out/compile_check.json" ;;
 greedy)  # SmolLM2 greedy on the GPU against the CPU reference (needs the default model)

@@ -7,6 +7,8 @@ The phase timers serialise host and GPU (run synchronously): they say which phas
 (the next step's forward queued while the host post-processes), which is what throughput sees.
 ``--kernel-table N`` adds, per batch size and context, the N kernels with the most device time over decode steps
 run eagerly (torch.profiler; decode graphs are set aside for those steps, since replays hide their kernels).
+``--timeline`` traces plain decode steps as throughput runs them (graphs, async scheduling) and splits their span
+into device-busy time and idle gaps: the time the GPU waits on the host (launch gaps, host work between replays).
 """
 from __future__ import annotations
 
@@ -137,6 +139,45 @@ def kernel_table(llm, batch_size: int, context_len: int, steps: int, top: int) -
              "us_per_step": spent(e) / steps, "calls_per_step": e.count / steps} for e in events[:top]]
 
 
+def device_timeline(intervals: list[tuple[float, float]], steps: int, gap_us: float = 5.0) -> dict:
+    """Busy and idle time per step of the device kernels' (start, end) intervals, in microseconds: busy is their
+    union, idle the rest of their span, and ``gaps_over_*`` counts the idle stretches longer than ``gap_us``."""
+    if not intervals:
+        return {}
+    spans = sorted(intervals)
+    busy, gaps, (lo, hi) = 0.0, [], spans[0]
+    for start, end in spans[1:]:
+        if start > hi:
+            busy, lo = busy + hi - lo, start
+            gaps.append(start - hi)
+        hi = max(hi, end)
+    busy += hi - lo
+    span = hi - spans[0][0]
+    return {"span_us_per_step": span / steps, "busy_us_per_step": busy / steps,
+            "idle_us_per_step": (span - busy) / steps, "largest_gap_us": max(gaps, default=0.0),
+            f"gaps_over_{gap_us:g}us_per_step": sum(g > gap_us for g in gaps) / steps}
+
+
+def timeline(llm, batch_size: int, context_len: int, steps: int) -> dict:
+    """``device_timeline`` of ``steps`` decode steps run as throughput runs them (graphs, async scheduling)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    engine = llm.engine
+    start_decoding(engine, batch_size, context_len, steps + 8, seed=2)
+    for _ in range(2):
+        engine.step()  # fills the look-ahead pipeline outside the trace
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            engine.step()
+        torch.cuda.synchronize()
+    while engine.has_unfinished_requests():
+        engine.step()
+    kernels = [(e.time_range.start, e.time_range.end) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return {"batch_size": batch_size, "context_len": context_len, "kernels_per_step": len(kernels) / steps,
+            **device_timeline(kernels, steps)}
+
+
 def main(argv=None) -> int:
     from nanocore.bench.report import environment, format_table, write_json
     from nanocore.engine.llm import LLM
@@ -152,8 +193,12 @@ def main(argv=None) -> int:
     parser.add_argument("--enforce-eager", action="store_true")
     parser.add_argument("--kv-codec", default="auto", help="KV codec by name (e.g. k_int8_v_fp8)")
     parser.add_argument("--kernel-table", type=int, default=0, metavar="N", help="also list the N costliest kernels")
+    parser.add_argument("--timeline", action="store_true", help="also split traced decode steps into device-busy "
+                        "time and idle gaps (CUDA only)")
     parser.add_argument("--json", metavar="PATH")
     args = parser.parse_args(argv)
+    if args.timeline and not args.device.startswith("cuda"):
+        parser.error("--timeline traces device kernels: it needs --device cuda")
     llm = LLM(args.model, device=args.device, dtype=args.dtype, max_model_len=args.max_model_len,
               max_num_seqs=max(args.batch_sizes), enforce_eager=args.enforce_eager, kv_codec=args.kv_codec)
     rows = [profile_decode(llm, bs, ctx, args.steps) for ctx in args.context_len for bs in args.batch_sizes]
@@ -164,8 +209,12 @@ def main(argv=None) -> int:
                    for row in kernel_table(llm, bs, ctx, min(args.steps, 10), args.kernel_table)]
     if kernels:
         print(format_table(kernels))
+    timelines = []
+    if args.timeline:
+        timelines = [timeline(llm, bs, ctx, args.steps) for ctx in args.context_len for bs in args.batch_sizes]
+        print(format_table(timelines))
     write_json(args.json, {"command": "step_profile", "kv_codec": llm.engine.runner.codec.name, "rows": rows,
-                           "kernels": kernels, "environment": environment(args.device)})
+                           "kernels": kernels, "timelines": timelines, "environment": environment(args.device)})
     return 0
 
 
