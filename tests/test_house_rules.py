@@ -10,7 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 MAX_FILE_LINES = 300  # nanocore/, conformance/ and plugins*/
 MAX_FUNCTION_LINES = 60  # engine/ and runner/, where the step is read
-HISTORY = re.compile(r"\b(development session|session \d+|issue #?\d+|#\d{2,3}\b)", re.IGNORECASE)
+HISTORY = re.compile(r"\b(development session|session \d+|issue #?\d+)\b|(?<![\w&])#\d{2,3}\b", re.IGNORECASE)
 
 
 def tracked(*patterns: str) -> list[Path]:
