@@ -43,9 +43,22 @@ def test_a_malformed_plan_is_a_clear_error_not_a_smaller_batch():
     llm.engine.add_request([1, 2, 3], SamplingParams(max_tokens=2))
     llm.engine.add_request([4, 5], SamplingParams(max_tokens=2))
     columns = encode_plan(llm.engine.scheduler.schedule())
-    columns["sampling"] = columns["sampling"][:1]  # one row's sampling lost on the way: zip would drop a row
+    lost_row = dict(columns, sampling_index=columns["sampling_index"][:1])  # zip would drop a row
     with pytest.raises(ValueError, match="malformed step plan"):
-        decode_plan(columns)
+        decode_plan(lost_row)
+    out_of_range = dict(columns, sampling_index=[len(columns["sampling"])] * len(columns["sampling_index"]))
+    with pytest.raises(ValueError, match="sampling index is outside"):
+        decode_plan(out_of_range)
+
+
+def test_rows_that_sample_alike_share_one_sampling_setting():
+    params = [SamplingParams(temperature=0.7, max_tokens=4), SamplingParams(temperature=0.7, max_tokens=9),
+              SamplingParams(temperature=0.0, max_tokens=4, logit_bias={5: -2.0})]
+    plan = next(p for p in recorded_plans(["ab", "cd", "ef"], params) if len(p.rows) == 3)
+    columns = encode_plan(plan)
+    assert len(columns["sampling"]) == len(columns["logit_bias"]) == 2
+    assert columns["sampling_index"] == [0, 0, 1]
+    assert decode_plan(columns) == plan
 
 
 def test_keywords_on_a_config_keep_its_model():

@@ -88,7 +88,8 @@ def test_a_payload_that_does_not_match_its_row_lengths_is_refused():
 @pytest.mark.parametrize("column, value, match", [
     ("seq_id", [True], "column 'seq_id' holds a value that is not int"),
     ("finished_seq_ids", None, "column 'finished_seq_ids' is not a list"),
-    ("sampling", [[0.0, 1, 1.0]], "sampling row needs 8 values"),
+    ("sampling", [[0.0, 1, 1.0]], "sampling setting needs 8 values"),
+    ("sampling_index", ["0"], "column 'sampling_index' holds a value that is not int"),
     ("prompt_targets", ["abc"], "prompt_targets entry is null or a list of ints"),
     ("num_prompt_logprobs", [-1], "num_prompt_logprobs holds a value"),
     ("ahead_rows", {"x": 1}, "ahead_rows is null or a list"),

@@ -107,25 +107,32 @@ SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "logprobs", "seed",
 
 def encode_plan(plan: StepPlan) -> dict[str, list]:
     """``plan`` as columns of ints, floats and lists of them (what travels to other ranks: data, never objects).
+    Sampling settings go once per distinct setting (most rows of a batch share one), each row naming its index.
     The token bitmask is not among them: it only matters where sampling happens, on rank 0."""
     rows = plan.rows
     columns = {name: [getattr(r, name) for r in rows] for name in (*ROW_FIELDS, *PROMPT_FIELDS)}
-    columns["sampling"] = [[*(getattr(r.sampling, name) for name in SAMPLING_FIELDS[:-1]),
-                            list(r.sampling.min_tokens_banned)] for r in rows]
-    columns["logit_bias"] = [[list(pair) for pair in r.sampling.logit_bias] for r in rows]  # [id, bias] pairs
+    distinct: dict[RowSampling, int] = {}
+    columns["sampling_index"] = [distinct.setdefault(r.sampling, len(distinct)) for r in rows]
+    columns["sampling"] = [[*(getattr(s, name) for name in SAMPLING_FIELDS[:-1]), list(s.min_tokens_banned)]
+                           for s in distinct]
+    columns["logit_bias"] = [[list(pair) for pair in s.logit_bias] for s in distinct]  # [id, bias] pairs
     columns["finished_seq_ids"], columns["reset_seq_ids"] = plan.finished_seq_ids, plan.reset_seq_ids
     columns["ahead_rows"] = plan.ahead_rows
     return columns
 
 
 def decode_plan(columns: dict[str, list]) -> StepPlan:
-    """The ``StepPlan`` that ``encode_plan`` wrote; ValueError on columns of different lengths (a malformed message)."""
-    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling", "logit_bias", *PROMPT_FIELDS)}
-    if len(set(lengths.values())) != 1:
-        raise ValueError(f"malformed step plan: its columns have different lengths {lengths}")
-    sampling = [RowSampling(*values[:-1], tuple(values[-1]), tuple(map(tuple, bias)))
-                for values, bias in zip(columns["sampling"], columns["logit_bias"], strict=True)]
-    rows = [ScheduledRow(*values, s, targets, num)
-            for *values, s, targets, num in zip(*(columns[name] for name in ROW_FIELDS), sampling,
-                                                 *(columns[name] for name in PROMPT_FIELDS), strict=True)]
+    """The ``StepPlan`` that ``encode_plan`` wrote; ValueError on columns of different lengths or a sampling index
+    out of range (a malformed message)."""
+    lengths = {name: len(columns[name]) for name in (*ROW_FIELDS, "sampling_index", *PROMPT_FIELDS)}
+    if len(set(lengths.values())) != 1 or len(columns["sampling"]) != len(columns["logit_bias"]):
+        raise ValueError(f"malformed step plan: its columns have different lengths {lengths}, "
+                         f"{len(columns['sampling'])} sampling settings, {len(columns['logit_bias'])} logit biases")
+    table = [RowSampling(*values[:-1], tuple(values[-1]), tuple(map(tuple, bias)))
+             for values, bias in zip(columns["sampling"], columns["logit_bias"], strict=True)]
+    if not all(0 <= i < len(table) for i in columns["sampling_index"]):
+        raise ValueError(f"malformed step plan: a sampling index is outside the {len(table)} settings it carries")
+    rows = [ScheduledRow(*values, table[i], targets, num)
+            for *values, i, targets, num in zip(*(columns[name] for name in ROW_FIELDS), columns["sampling_index"],
+                                                *(columns[name] for name in PROMPT_FIELDS), strict=True)]
     return StepPlan(rows, columns["finished_seq_ids"], columns["reset_seq_ids"], columns["ahead_rows"])
