@@ -19,8 +19,8 @@ from nanocore.engine.llm import LLM  # noqa: E402
 from nanocore.engine.sampling_params import SamplingParams  # noqa: E402
 from nanocore.runner.parallel_checks import check_world_size  # noqa: E402
 from nanocore.runner.step_plan import decode_plan, encode_plan  # noqa: E402
-from nanocore.runner.wire import (WORKER_CALLS, WORKER_REPLIES, MalformedMessage, decode_message,  # noqa: E402
-                                  encode_message)
+from nanocore.runner.wire import (PROTOCOL, WORKER_CALLS, WORKER_REPLIES, MalformedMessage,  # noqa: E402
+                                  decode_message, encode_message)
 
 
 def some_plans():
@@ -71,7 +71,7 @@ def frame(header, payload: bytes = b"") -> bytes:
     (encode_message("exit") + b"\0" * 8, "'exit' carries no payload"),
     (encode_message("execute", "columns"), "a step plan must be an object of columns"),
     (encode_message("execute", {"rows": []}), "needs the row lengths"),
-    (frame({"v": 1, "m": "execute", "a": [{}], "r": [[-1], [1]]}), "lists of non-negative ints"),
+    (frame({"v": PROTOCOL, "m": "execute", "a": [{}], "r": [[-1], [1]]}), "lists of non-negative ints"),
 ])
 def test_a_malformed_message_is_refused_with_a_clear_error(data, match):
     with pytest.raises(MalformedMessage, match=match):
