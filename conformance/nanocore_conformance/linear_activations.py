@@ -22,6 +22,7 @@ import torch
 from nanocore.builtin.unquantized_linear import UnquantizedLinearMethod
 from nanocore.interfaces.quant_scheme import QuantArgs
 from nanocore_conformance.base import generator
+from nanocore_conformance.compat import targeted_minor, warn_legacy
 from nanocore_conformance.linear_boundaries import bad_rows
 from nanocore_conformance.linear_layers import (PREFIX, build_layers, check_quantize_output, checkpoint_weights,
                                                 load_checkpoint, method_options, quantize_layer)
@@ -31,6 +32,8 @@ PROBE_ROWS = 64
 LOUD = 2.0 ** 12
 #: The quiet values' share of the largest value the declared rounding makes zero (room for a scale search).
 MARGIN = 0.25
+#: The plugin API minor that added the rule: backends written for an older one are warned, not failed.
+RULE_SINCE = (1, 5)
 PROBE_DRAW = {"tp_size": 1, "heads": (2, 2), "hidden": 3, "head_dim": 5, "intermediate": 7, "qkv_bias": False}
 INPUTS = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"), "o_proj": ("self_attn.o_proj",),
@@ -62,17 +65,24 @@ class LinearActivationConformance:
     #: Whether ``apply`` rounds activations as ``quant_scheme()`` declares (False: the scheme only bounds the error).
     rounds_declared_activations: ClassVar[bool] = True
 
-    def test_activations_rounded_as_declared(self, backend_cls, backend_options, dtype, device):
-        self._check_activation_rounding(backend_cls, backend_options, dtype, device)
+    def test_activations_rounded_as_declared(self, backend_cls, backend_entry, backend_options, dtype, device):
+        self._check_activation_rounding(backend_cls, backend_entry, backend_options, dtype, device)
 
     @pytest.mark.cuda
-    def test_activations_rounded_as_declared_on_cuda(self, backend_cls, backend_options, cuda_dtype, cuda_device):
-        self._check_activation_rounding(backend_cls, backend_options, cuda_dtype, cuda_device)
+    def test_activations_rounded_as_declared_on_cuda(self, backend_cls, backend_entry, backend_options, cuda_dtype,
+                                                     cuda_device):
+        self._check_activation_rounding(backend_cls, backend_entry, backend_options, cuda_dtype, cuda_device)
 
-    def _check_activation_rounding(self, backend_cls, options, dtype, device):
+    def _check_activation_rounding(self, backend_cls, backend_entry, options, dtype, device):
         if not self.rounds_declared_activations:
             pytest.skip(f"{backend_cls.__name__} declares rounds_declared_activations False: its quant_scheme() "
                         f"only bounds the error")
+        if targeted_minor(backend_cls, backend_entry) < RULE_SINCE:
+            warn_legacy(backend_cls, "written for a plugin API before 1.5, whose declared activation rounding only "
+                        "bounded the error; declare api_version = \"1.5\" once apply rounds activations as "
+                        "quant_scheme() says (or declare conformance_requirements "
+                        "{'rounds_declared_activations': False})")
+            pytest.skip(f"{backend_cls.__name__} targets a plugin API before 1.5 (activation rounding not probed)")
         shape = self.layer_shape(backend_cls, PROBE_DRAW)
         weights = checkpoint_weights(shape, generator(13))
         for name, w in weights.items():

@@ -59,6 +59,12 @@ class DeclaresPerTensorRoundsPerToken(TokenInt8):
     activation_strategy = "tensor"
 
 
-CORRECT = [TokenInt8]
+class WrittenFor14RoundsNone(DeclaresInt8ActivationsRoundsNone):
+    """The same method written for plugin API 1.4, before the rule: warned and not probed, so it passes."""
+
+    api_version = "1.4"
+
+
+CORRECT = [TokenInt8, WrittenFor14RoundsNone]
 MUTANTS = [DeclaresInt8ActivationsRoundsNone, DeclaresPerTensorRoundsPerToken]
 bind_all(globals(), LinearMethodConformance, CORRECT + MUTANTS)
