@@ -77,12 +77,6 @@ class LinearActivationConformance:
         if not self.rounds_declared_activations:
             pytest.skip(f"{backend_cls.__name__} declares rounds_declared_activations False: its quant_scheme() "
                         f"only bounds the error")
-        if targeted_minor(backend_cls, backend_entry) < RULE_SINCE:
-            warn_legacy(backend_cls, "written for a plugin API before 1.5, whose declared activation rounding only "
-                        "bounded the error; declare api_version = \"1.5\" once apply rounds activations as "
-                        "quant_scheme() says (or declare conformance_requirements "
-                        "{'rounds_declared_activations': False})")
-            pytest.skip(f"{backend_cls.__name__} targets a plugin API before 1.5 (activation rounding not probed)")
         shape = self.layer_shape(backend_cls, PROBE_DRAW)
         weights = checkpoint_weights(shape, generator(13))
         for name, w in weights.items():
@@ -93,6 +87,12 @@ class LinearActivationConformance:
         if made is None:  # weight-only (its quantize is not asked for a calibrated checkpoint either)
             pytest.skip(f"{backend_cls.__name__}'s quant_scheme() rounds no activations (or only by a strategy "
                         f"the probe does not know)")
+        if targeted_minor(backend_cls, backend_entry) < RULE_SINCE:
+            warn_legacy(backend_cls, "written for a plugin API before 1.5, whose declared activation rounding only "
+                        "bounded the error; declare api_version = \"1.5\" once apply rounds activations as "
+                        "quant_scheme() says (or declare conformance_requirements "
+                        "{'rounds_declared_activations': False})")
+            pytest.skip(f"{backend_cls.__name__} targets a plugin API before 1.5 (activation rounding not probed)")
         self._probe_layers(backend_cls, *made, shape, weights, dtype, device)
         made = self._probe_checkpoint(backend_cls, options, shape, weights, calibrated=True)
         if made is not None:
