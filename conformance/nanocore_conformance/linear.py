@@ -17,6 +17,7 @@ from nanocore.interfaces.quant_scheme import QuantScheme
 from nanocore.layers.linear import RowParallelLinear
 from nanocore_conformance.base import MAX_EXAMPLES, generator, randn, suite_settings
 from nanocore_conformance.contract import BackendContractConformance
+from nanocore_conformance.linear_activations import LinearActivationConformance
 from nanocore_conformance.linear_boundaries import LinearBoundaryConformance, bad_rows
 from nanocore_conformance.linear_calibration import LinearCalibrationConformance
 from nanocore_conformance.linear_checkpoints import LinearCheckpointConformance
@@ -60,14 +61,14 @@ def build_layer(method, weight: torch.Tensor, partitions: list[int], dtype, devi
 
 
 class LinearMethodConformance(LinearBoundaryConformance, LinearCheckpointConformance, LinearCalibrationConformance,
-                              BackendContractConformance):
+                              LinearActivationConformance, BackendContractConformance):
     kind = "linear_method"
     #: Requirements: multiples the backend needs for input_size (K) and each output partition (N).
     input_size_multiple: ClassVar[int] = 1
     output_size_multiple: ClassVar[int] = 1
     #: M values at which the backend switches kernels: each side of each gets a boundary case.
     m_thresholds: ClassVar[tuple[int, ...]] = ()
-    requirement_names = ("input_size_multiple", "output_size_multiple", "m_thresholds")
+    requirement_names = ("input_size_multiple", "output_size_multiple", "m_thresholds", "rounds_declared_activations")
 
     def multiples(self, backend_cls) -> tuple[int, int]:
         """(K multiple, N multiple): the backend's declared ``conformance_requirements`` win over the class's."""

@@ -41,7 +41,10 @@ refuses an option the signature lacks). The returned tensors must load back thro
 ``conformance_requirements`` a method may declare (a class attribute dict, applied by every conformance class):
 ``{"input_size_multiple": 128, "output_size_multiple": 8}``, the multiples of K and of each output partition its
 layout needs (group size, packing; default 1), and ``"m_thresholds": (16, 128)``, the row counts M at which ``apply``
-switches kernels (GEMV, split-K, tiles; each side of each is tested; since 1.5).
+switches kernels (GEMV, split-K, tiles; each side of each is tested; since 1.5). A method whose ``quant_scheme()``
+declares rounded activations rounds them as declared, at least for prefill-sized batches (64 rows; since 1.5); one that
+computes them more accurately declares ``"rounds_declared_activations": False`` (its scheme then only bounds the
+error).
 """
 from __future__ import annotations
 
@@ -112,7 +115,8 @@ class LinearMethod(Backend):
 
     def quant_scheme(self) -> QuantScheme | None:
         """How this instance (with its options) rounds weights and activations; ``None``: it does not quantize.
-        The conformance suite derives the tolerance of ``apply`` from it, so declare what you really compute."""
+        The conformance suite derives the tolerance of ``apply`` from it and checks that declared activation
+        rounding happens (module docstring), so declare what you really compute."""
         return None
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:

@@ -30,6 +30,7 @@ _WHAT = "cutlass (CUTLASS sm_90a FP8 kernel)"
 class CutlassFp8LinearMethod(LinearMethod):
     """fp8 e4m3 weights per output channel x fp8 activations (dynamic per token or static per tensor)."""
 
+    api_version = "1.5"  # held to 1.5's rules: activations rounded as quant_scheme() declares
     quant_method = "fp8"  # the checkpoints fp8_w8a8 loads
     tolerance = (0.07, 0.07)  # as fp8_w8a8: weights and activations each round to 1/16 of their scale
     checkpoint_priority = -1  # loads fp8 checkpoints when named; "auto" keeps fp8_w8a16 / fp8_w8a8
@@ -44,6 +45,7 @@ class CutlassFp8LinearMethod(LinearMethod):
         check_options(self.name, self.options, _OPTIONS)
         self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "cutlass", "torch"))
         self.activation_scheme = fp8_activation_scheme(self.name, self.options)
+        self.static_inputs = self.activation_scheme == "static"  # a per-tensor input_scale from the checkpoint
         self._extension = None
 
     @classmethod
@@ -64,12 +66,12 @@ class CutlassFp8LinearMethod(LinearMethod):
                        output_size, params_dtype, weight_loader):
         self.input_size = input_size_per_partition
         self.output_size = sum(output_partition_sizes)
-        self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.activation_scheme == "static")
+        self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.static_inputs)
         self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     def quant_scheme(self) -> QuantScheme:
         """fp8 e4m3 weights per output channel; fp8 activations per token (dynamic) or per tensor (static)."""
-        static = self.activation_scheme == "static"
+        static = self.static_inputs
         activations = QuantArgs(8, "float", "tensor" if static else "token", dynamic=not static)
         return QuantScheme(weights=QuantArgs(8, "float", "channel"), input_activations=activations)
 
@@ -93,14 +95,8 @@ class CutlassFp8LinearMethod(LinearMethod):
 
     def apply(self, layer, x, bias=None):
         x2, lead = gemm_input_rows(x, self.input_size, f"{self.name} layer")
-        input_scale = layer.input_scale if self.activation_scheme == "static" else None
-        if x.is_cuda and self.kernel != "torch":
-            if self._extension is None:  # weights moved to the GPU after loading
-                if not layer.weight.is_cuda:
-                    raise RuntimeError(f"{self.name}: input on {x.device} but the layer's weights are on "
-                                       f"{layer.weight.device}; move the model to the GPU first")
-                self._uses_cutlass(x.device)
-                self._prepare_cutlass(layer)
+        input_scale = layer.input_scale if self.static_inputs else None
+        if self._runs_cutlass(x):
             y = self._cutlass_gemm(layer, x2, input_scale)
         else:
             weight = layer.weight[: self.output_size, : self.input_size]
@@ -109,7 +105,16 @@ class CutlassFp8LinearMethod(LinearMethod):
             y = y + bias
         return y.reshape(*lead, self.output_size)
 
+    def _runs_cutlass(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and self.kernel != "torch"
+
     def _cutlass_gemm(self, layer, x2, input_scale):
+        if self._extension is None:  # weights moved to the GPU after loading
+            if not layer.weight.is_cuda:
+                raise RuntimeError(f"{self.name}: input on {x2.device} but the layer's weights are on "
+                                   f"{layer.weight.device}; move the model to the GPU first")
+            self._uses_cutlass(x2.device)
+            self._prepare_cutlass(layer)
         xq, x_scale = self._extension.quantize_fp8_rows(x2, layer.weight.shape[1], input_scale)
         out_dtype = x2.dtype if x2.dtype in (torch.bfloat16, torch.float16) else torch.bfloat16
         y = self._extension.fp8_scaled_mm(xq, layer.weight, x_scale.view(-1), layer.weight_scale.view(-1), out_dtype)
@@ -122,10 +127,9 @@ class CutlassFp8LinearMethod(LinearMethod):
         if options:
             raise ValueError(f"{cls.name} quantize takes no options (got {sorted(options)}); for fp8 scale search make "
                              f"the checkpoint with --method fp8_w8a8 (same format) and load it with 'cutlass'")
-        scheme = "static" if calibration else "dynamic"
-        out = quantize_checkpoint_linears(cls.name, weights, calibration, scheme == "static", quantize_fp8_per_row,
+        out = quantize_checkpoint_linears(cls.name, weights, calibration, bool(calibration), quantize_fp8_per_row,
                                           FP8_MAX)
-        return out, fp8_checkpoint_config(scheme)
+        return out, fp8_checkpoint_config("static" if calibration else "dynamic")
 
 
 def _pad_for_tma(layer: torch.nn.Module) -> None:

@@ -29,6 +29,7 @@ FP8_SCALE_METHODS = ("search", "absmax")
 
 
 class _Fp8Base(LinearMethod):
+    api_version = "1.5"  # held to 1.5's rules: activations rounded as quant_scheme() declares
     quant_method = "fp8"
     #: Loads block-wise fp8 scales (one per 128 x 128 tile) too.
     loads_blocks = False
@@ -44,6 +45,7 @@ class _Fp8Base(LinearMethod):
         check_options(self.name, self.options, _OPTIONS)
         self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "triton", "torch"))
         self.activation_scheme = fp8_activation_scheme(self.name, self.options, blocks=self.loads_blocks)
+        self.static_inputs = self.activation_scheme == "static"  # a per-tensor input_scale from the checkpoint
         #: ((rows, cols), scale tensor name) of a block-wise checkpoint, else None
         self.blocks = fp8_weight_blocks(self.options) if self.loads_blocks else None
 
@@ -55,7 +57,7 @@ class _Fp8Base(LinearMethod):
 
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, weight_loader):
-        self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.activation_scheme == "static")
+        self.weights = ChannelScaledWeights(self.name, FP8_DTYPE, self.static_inputs)
         self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     def process_weights_after_loading(self, layer):
@@ -100,7 +102,7 @@ class Fp8W8A16LinearMethod(_Fp8Base):
             return super().create_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
                                           output_size, params_dtype, weight_loader)
         block, scale_name = self.blocks
-        self.weights = BlockScaledWeights(self.name, FP8_DTYPE, block, scale_name, self.activation_scheme == "static")
+        self.weights = BlockScaledWeights(self.name, FP8_DTYPE, block, scale_name, self.static_inputs)
         self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader,
                             output_size)
 
@@ -154,7 +156,7 @@ class Fp8W8A8LinearMethod(_Fp8Base):
 
     def quant_scheme(self) -> QuantScheme:
         """fp8 e4m3 weights per output channel; fp8 activations per token (dynamic) or per tensor (static)."""
-        static = self.activation_scheme == "static"
+        static = self.static_inputs
         activations = QuantArgs(8, "float", "tensor" if static else "token", dynamic=not static)
         return QuantScheme(weights=QuantArgs(8, "float", "channel"), input_activations=activations)
 
@@ -167,7 +169,7 @@ class Fp8W8A8LinearMethod(_Fp8Base):
     def apply(self, layer, x, bias=None):
         n, k = layer.weight.shape
         x2, lead = gemm_input_rows(x, k, f"{self.name}'s layer")
-        static = self.activation_scheme == "static"
+        static = self.static_inputs
         if static or self.kernel == "torch":  # the torch ops (kernel='torch': Triton-free)
             xq, x_scale = quantize_fp8_activations(x2, layer.input_scale if static else None)
         else:

@@ -47,6 +47,7 @@ def _int_gemm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class _Int8Base(LinearMethod):
+    api_version = "1.5"  # held to 1.5's rules: activations rounded as quant_scheme() declares
     quant_method = "compressed-tensors"
     default_scheme = "dynamic"
 
@@ -65,7 +66,9 @@ class _Int8Base(LinearMethod):
         if scheme not in ("dynamic", "static", "none"):
             raise ValueError(f"{self.name}: activation_scheme must be 'dynamic', 'static' or 'none', got {scheme!r}")
         self.activation_scheme = scheme
+        self.static_inputs = scheme == "static"  # a per-tensor input_scale from the checkpoint
         self.kernel = choice_option(self.name, self.options, "kernel", ("auto", "triton", "torch"))
+        self.torch_only = self.kernel == "torch"
 
     @classmethod
     def supports(cls, device: torch.device) -> str | None:
@@ -78,11 +81,10 @@ class _Int8Base(LinearMethod):
     def create_weights(self, layer, input_size_per_partition, output_partition_sizes, input_size,
                        output_size, params_dtype, weight_loader):
         # per-channel int8 checkpoints only (compressed-tensors "channel" strategy): no per-tensor spreading
-        static = self.activation_scheme == "static"
         if is_packed(self.options.get("quantization_config")):  # pack-quantized: unpacked to int8 after loading
-            self.weights = PackedInt8Weights(self.name, static)
+            self.weights = PackedInt8Weights(self.name, self.static_inputs)
         else:
-            self.weights = ChannelScaledWeights(self.name, torch.int8, static, per_tensor_scales=False)
+            self.weights = ChannelScaledWeights(self.name, torch.int8, self.static_inputs, per_tensor_scales=False)
         self.weights.create(layer, input_size_per_partition, output_partition_sizes, input_size, weight_loader)
 
     @classmethod
@@ -97,7 +99,7 @@ class _Int8Base(LinearMethod):
         or none (weight-only)."""
         activations = None
         if self.activation_scheme != "none":
-            static = self.activation_scheme == "static"
+            static = self.static_inputs
             activations = QuantArgs(8, "int", "tensor" if static else "token", dynamic=not static)
         return QuantScheme(weights=QuantArgs(8, "int", "channel"), input_activations=activations)
 
@@ -148,19 +150,18 @@ class Int8W8A8LinearMethod(_Int8Base):
         if self.activation_scheme == "none" or (x.is_cuda and x.numel() // x.shape[-1] < _INT_MM_MIN_M):
             return self._weight_only(layer, x, bias)  # decode is bandwidth-bound: read int8 weights once
         x2, lead = gemm_input_rows(x, layer.weight.shape[1], f"{self.name}'s layer")
-        if self.activation_scheme == "static":
+        if self.static_inputs:
             x_scale = layer.input_scale.view(1, 1)
             xq = quantize_int8(x2, x_scale)
-        elif self.kernel == "torch":  # the twin, Triton-free
-            xq, x_scale = quantize_int8_per_row(x2)
-        else:
-            xq, x_scale = quantize_per_token(x2, torch.int8)  # one Triton pass on a GPU
+        else:  # kernel='torch': the Triton-free twin; else toolkit.act_quant's pick (one Triton pass on a GPU)
+            xq, x_scale = quantize_int8_per_row(x2) if self.torch_only else quantize_per_token(x2, torch.int8)
         if self._triton_usable(x):  # int8 tensor cores with the scales and bias fused into the epilogue
-            return int8_scaled_linear(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype).reshape(*lead, -1)
-        acc = _int_gemm(xq, layer.weight)
-        y = (acc.float() * x_scale * layer.weight_scale.view(1, -1)).to(x.dtype)
-        if bias is not None:
-            y = y + bias
+            y = int8_scaled_linear(xq, x_scale, layer.weight, layer.weight_scale, bias, x.dtype)
+        else:
+            acc = _int_gemm(xq, layer.weight)
+            y = (acc.float() * x_scale * layer.weight_scale.view(1, -1)).to(x.dtype)
+            if bias is not None:
+                y = y + bias
         return y.reshape(*lead, -1)
 
     @classmethod
