@@ -6,8 +6,8 @@ prefill tokens to a prefix of them (a candidate runs only after every one before
 whole remaining prompt, capped by the token room, fits the free blocks left:
 
 - ``"prefills_first"``: a step runs prefill chunks if the first candidate fits, with no decode among them; with no
-  candidate, or none fitting even one token, it gives one token to each of the first
-  ``min(max_num_seqs, max_num_batched_tokens)`` running sequences.
+  candidate, or a first one whose single next token does not fit the free blocks, it gives one token to each of the
+  first ``min(max_num_seqs, max_num_batched_tokens)`` running sequences.
 - ``"decodes_first"``: each of the first ``min(decodes, max_num_seqs, max_num_batched_tokens)`` decoding sequences
   gets one token; prefill chunks take the tokens, sequences and blocks those decodes leave (a decode needs only the
   blocks its one token needs).
@@ -91,8 +91,9 @@ def check_step_order(order: str, state: SchedulerState, budget: StepBudget, deci
         _check_decodes(order, list(state.running), given, decision, count,
                        "the running sequences (no prefill fits, so the step decodes)")
         assert len(decision.items) == count, (
-            f"step_order {order!r}: decision {described(decision)} runs more than one token for each of the first "
-            f"{count} running sequences, but no prefill candidate fits a single token: the step only decodes")
+            f"step_order {order!r}: decision {described(decision)} runs other sequences beside one token for each "
+            f"of the first {count} running ones, but the first prefill candidate does not fit a single token's "
+            f"blocks: the step only decodes")
         return
     _check_prefix(order, candidates, given, decision)
     if not _check_first_fits(order, candidates, given, decision, room, free, budget):
