@@ -161,7 +161,7 @@ def collect(db_path: Path, spans: dict[str, Span], plan: Plan) -> dict[str, list
         function = owner(spans, mutation.start_pos)
         if function is not None and not plan.excluded(mutation.operator_name):
             per_function[function].append((mutation, results.get(item.job_id)))
-    complete = {}
+    complete = {function: [] for function in spans if function not in per_function}  # no mutant: nothing to wait for
     for function, entries in per_function.items():
         if any(r is None or r.worker_outcome == WorkerOutcome.SKIPPED for _, r in entries):
             continue

@@ -48,7 +48,10 @@ class KVCodecConformance(KVCodecBoundaryConformance, BackendContractConformance)
     #: Requirements: head dims to try (a group-scaled codec needs multiples of its group size).
     head_dims: ClassVar[tuple[int, ...]] = (32, 64, 128)
     block_sizes: ClassVar[tuple[int, ...]] = (4, 16)
-    requirement_names = ("head_dims", "block_sizes")
+    #: How scales are chosen: "amax" = amax / qmax exactly as the toolkit's quantizer; None = within the contract's
+    #: bound (at most twice amax / qmax).
+    scale_rule: ClassVar[str | None] = None
+    requirement_names = ("head_dims", "block_sizes", "scale_rule")
 
     def codec(self, backend_cls, options):
         return backend_cls(options)
@@ -81,7 +84,7 @@ class KVCodecConformance(KVCodecBoundaryConformance, BackendContractConformance)
         layout = codec.layout(dtype)
         cache = codec.allocate(num_blocks, block_size, heads, head_dim, dtype, device)
         check_allocation(cache, layout, num_blocks, block_size, heads, head_dim)
-        return ShadowCache(codec, cache, layout, seed, verify)
+        return ShadowCache(codec, cache, layout, seed, verify, self.scale_rule)
 
     def _engine_writes(self, backend_cls, options, dtype, device, data, seed):
         head_dim = data.draw(st.sampled_from(self.head_dims))

@@ -28,6 +28,23 @@ def boundary_programs(block_size: int, num_blocks: int) -> list[tuple[str, list[
     ]
 
 
+def zero_and_tiny_tokens(heads: int, head_dim: int, dtype, device, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V of six tokens, each side: all zeros; head 0 all zeros beside a unit-scale head; max|x| 2e-6 (amax /
+    qmax under a float16 scale's smallest subnormal: the scale stays at that floor); a unit-scale token; the first
+    half of head_dim zeros (an all-zero scale group); a token at 100 times unit scale."""
+    g = generator(seed)
+    sides = []
+    for _ in "KV":
+        x = torch.randn(6, heads, head_dim, generator=g)
+        x[0] = 0
+        x[1, 0] = 0
+        x[2] *= 2e-6 / x[2].abs().max()
+        x[4, :, :head_dim // 2] = 0
+        x[5] *= 100
+        sides.append(x.to(dtype=dtype, device=device))
+    return sides[0], sides[1]
+
+
 class KVCodecBoundaryConformance:
     """The cases as a check of ``KVCodecConformance`` (``head_dims`` declared by a codec replace 64 / 128 / 256)."""
 
@@ -39,7 +56,7 @@ class KVCodecBoundaryConformance:
                 layout = codec.layout(dtype)
                 cache = codec.allocate(LONG_BLOCKS, block_size, 1, head_dim, dtype, device)
                 check_allocation(cache, layout, LONG_BLOCKS, block_size, 1, head_dim)
-                shadow = ShadowCache(codec, cache, layout, seed=head_dim + block_size)
+                shadow = ShadowCache(codec, cache, layout, seed=head_dim + block_size, scale_rule=self.scale_rule)
                 for name, mapping in boundary_programs(block_size, LONG_BLOCKS):
                     shadow.store(f"head_dim {head_dim}, block size {block_size}: {name}", mapping, dtype)
                 slots = torch.randperm(LONG_BLOCKS * block_size, generator=generator(head_dim))[:64].to(device)
@@ -47,3 +64,18 @@ class KVCodecBoundaryConformance:
                     assert_close(got, want.to(dtype), (1e-30, 2 * torch.finfo(dtype).eps),
                                  f"head_dim {head_dim}, block size {block_size}: gather {side} differs from the raw "
                                  f"cache dequantized per the declared layout")
+
+    def test_all_zero_and_tiny_groups(self, backend_cls, backend_options, dtype, device):
+        """All-zero tokens, heads and scale groups store zeros (a finite scale, no NaN); tiny tokens keep their
+        precision: a scale floor above the scale dtype's smallest subnormal wastes it, none at all stores 0 or inf."""
+        head_dim = 64 if 64 in self.head_dims else self.head_dims[0]
+        codec = backend_cls(backend_options)
+        layout = codec.layout(dtype)
+        cache = codec.allocate(2, 4, 2, head_dim, dtype, device)
+        check_allocation(cache, layout, 2, 4, 2, head_dim)
+        shadow = ShadowCache(codec, cache, layout, seed=head_dim, scale_rule=self.scale_rule)
+        # -1 pads a batch as a decode step's CUDA graph does; each kind of token is stored by one of the two
+        for name, mapping in (("zero and tiny tokens, one padded", [3, 0, 6, -1, 5, 1]),
+                              ("the same tokens rewritten elsewhere", [2, 7, 4, 0, -1, 3])):
+            k, v = zero_and_tiny_tokens(2, head_dim, dtype, device, seed=len(name))
+            shadow.store(f"head_dim {head_dim}: {name}", mapping, dtype, (k, v))

@@ -93,21 +93,24 @@ def slot_bytes(cache: KVCache) -> list[torch.Tensor]:
 class ShadowCache:
     """What each written slot must hold (the last K/V stored there), checked against the codec's cache."""
 
-    def __init__(self, codec, cache: KVCache, layout: KVLayout, seed: int, verify: bool = True):
+    def __init__(self, codec, cache: KVCache, layout: KVLayout, seed: int, verify: bool = True,
+                 scale_rule: str | None = None):
         """``verify``: check every store (else only record it) and spread the magnitudes of the tokens (declared
-        attention tolerances are for unit-scale data)."""
+        attention tolerances are for unit-scale data); ``scale_rule``: the codec's declared one."""
         self.codec, self.cache, self.layout, self.verify = codec, cache, layout, verify
+        self.scale_rule = scale_rule
         self.g = generator(seed)
         num_slots = cache.num_blocks * cache.block_size
         _, _, heads, head_dim = cache.k.shape
         self.k = torch.zeros(num_slots, heads, head_dim)
         self.v = torch.zeros(num_slots, heads, head_dim)
 
-    def store(self, name: str, mapping: list[int], dtype) -> None:
-        """One ``store`` of random K/V at ``mapping``, then the checks."""
+    def store(self, name: str, mapping: list[int], dtype,
+              kv: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        """One ``store`` of ``kv`` (random K/V if None) at ``mapping``, then the checks."""
         _, _, heads, head_dim = self.cache.k.shape
         device = self.cache.k.device
-        k, v = kv_views(len(mapping), heads, head_dim, dtype, device, self.g, spread=self.verify)
+        k, v = kv or kv_views(len(mapping), heads, head_dim, dtype, device, self.g, spread=self.verify)
         before = slot_bytes(self.cache) if self.verify else []
         self.codec.store(self.cache, k, v, torch.tensor(mapping, dtype=torch.int64, device=device))
         slots = torch.tensor([s for s in mapping if s >= 0], dtype=torch.long)
@@ -124,7 +127,7 @@ class ShadowCache:
                 f"but its bytes changed; store must write exactly the slots in slot_mapping (slot -1 is skipped)")
         # the other slots kept their bytes, hence their values: checking the new ones is enough
         check_stored(self.cache, self.layout, slots.to(device), self.k[slots], self.v[slots],
-                     f"{name}, slot_mapping {mapping}")
+                     f"{name}, slot_mapping {mapping}", self.scale_rule)
 
 
 def attention_inputs(data, seqs: list[Sequence], block_size: int, num_q_heads: int, head_dim: int, dtype, device,

@@ -85,9 +85,9 @@ def largest(dtype: torch.dtype) -> float:
 
 
 def check_side(side: str, x: torch.Tensor, values: torch.Tensor, scales: torch.Tensor | None,
-               granularity: str, slots: torch.Tensor, what: str) -> None:
+               granularity: str, slots: torch.Tensor, what: str, scale_rule: str | None = None) -> None:
     """Stored ``values`` (times ``scales``) at ``slots`` are ``x`` rounded to the format: within half a step of it,
-    and a scale that uses at least half of the format's range."""
+    and a scale that uses at least half of the format's range (``scale_rule`` "amax": exactly amax / qmax)."""
     q, s = raw_side(values, scales, slots)
     x = x.float().cpu()
     q, s = q.cpu(), s.cpu()
@@ -97,7 +97,7 @@ def check_side(side: str, x: torch.Tensor, values: torch.Tensor, scales: torch.T
     err = (q * s - x).abs()
     bad = ~(err <= bound)
     if bad.any():
-        i = int(torch.nan_to_num(err / bound, nan=float("inf")).flatten().argmax())
+        i = int(torch.where(bad, torch.nan_to_num(err / bound, nan=float("inf")), -1.0).flatten().argmax())
         n, h, d = (int(c) for c in torch.unravel_index(torch.tensor(i), x.shape))
         raise AssertionError(
             f"store ({what}): slot {int(slots[n])} {side} head {h} element {d} was given {x[n, h, d].item():.6g} "
@@ -108,16 +108,46 @@ def check_side(side: str, x: torch.Tensor, values: torch.Tensor, scales: torch.T
             f"nearest representable one of the declared layout (no truncation, no clipping)")
     if granularity == "none":
         return
-    check_range_use(side, q, s, values.dtype, scales.shape[-1], slots, what)
+    groups = scales.shape[-1]
+    amax = x.abs().view(*x.shape[:2], groups, -1).amax(-1)
+    group_scales = flat(scales)[slots].float().cpu()
+    if scale_rule is not None:
+        check_scale_rule(side, amax, group_scales, values.dtype, scales.dtype, scale_rule, slots, what)
+    check_range_use(side, q, s, values.dtype, groups, slots, what,
+                    (amax > 0) & (group_scales > smallest_subnormal(scales.dtype)))
+
+
+def smallest_subnormal(dtype: torch.dtype) -> float:
+    """The smallest positive ``dtype`` value: no scale can be smaller, however small what it scales."""
+    return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
+
+
+def check_scale_rule(side: str, amax: torch.Tensor, got: torch.Tensor, dtype: torch.dtype, scale_dtype: torch.dtype,
+                     rule: str, slots: torch.Tensor, what: str) -> None:
+    """``"amax"``: every scale is amax / qmax in ``scale_dtype`` (within one of its steps), never below its smallest
+    subnormal, and 1 for an all-zero group (the toolkit's quantizer)."""
+    assert rule == "amax", f"conformance_requirements scale_rule is {rule!r}; declare \"amax\" or None (no rule)"
+    qmax = largest(dtype)
+    ideal = torch.where(amax > 0, amax / qmax, torch.ones_like(amax)).clamp_min(smallest_subnormal(scale_dtype))
+    want = ideal.to(scale_dtype).float()
+    bad = ~((got - want).abs() <= 2 * half_spacing(want, scale_dtype))
+    if bad.any():
+        n, h, g = (int(c) for c in bad.nonzero()[0])
+        raise AssertionError(
+            f"store ({what}): slot {int(slots[n])} {side} head {h} scale group {g} has max|x| {amax[n, h, g]:.6g} "
+            f"and scale {got[n, h, g]:.6g}; the declared scale_rule \"amax\" makes it {want[n, h, g]:.6g}: "
+            f"max|x| / {qmax:g} (the {dtype} range) in {scale_dtype}, at least its smallest subnormal "
+            f"{smallest_subnormal(scale_dtype):.3g}, and 1 where the group is all zeros")
 
 
 def check_range_use(side: str, q: torch.Tensor, s: torch.Tensor, dtype: torch.dtype, groups: int,
-                    slots: torch.Tensor, what: str) -> None:
-    """A scale more than twice ``amax / qmax`` throws away a bit of the format on every value it scales."""
+                    slots: torch.Tensor, what: str, checked: torch.Tensor) -> None:
+    """A scale more than twice ``amax / qmax`` throws away a bit of the format on every value it scales (``checked``:
+    the groups this applies to: not all zeros, scale above the scale dtype's smallest subnormal)."""
     n, h, d = q.shape
     used = q.abs().view(n, h, groups, d // groups).amax(-1)
     qmax = largest(dtype)
-    wasteful = used < qmax / 2
+    wasteful = (used < qmax / 2) & checked
     if wasteful.any():
         i, head, g = (int(c) for c in wasteful.nonzero()[0])
         raise AssertionError(
@@ -128,7 +158,7 @@ def check_range_use(side: str, q: torch.Tensor, s: torch.Tensor, dtype: torch.dt
 
 
 def check_stored(cache: KVCache, layout: KVLayout, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 what: str) -> None:
+                 what: str, scale_rule: str | None = None) -> None:
     """The raw cache at ``slots`` holds ``k``, ``v`` in the declared layout's format."""
-    check_side("K", k, cache.k, cache.k_scale, layout.k_scale, slots, what)
-    check_side("V", v, cache.v, cache.v_scale, layout.v_scale, slots, what)
+    check_side("K", k, cache.k, cache.k_scale, layout.k_scale, slots, what, scale_rule)
+    check_side("V", v, cache.v, cache.v_scale, layout.v_scale, slots, what, scale_rule)

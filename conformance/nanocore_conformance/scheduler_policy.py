@@ -31,6 +31,7 @@ from nanocore_conformance.scheduler_driver import (
     make_prompt,
     registered,
 )
+from nanocore_conformance.scheduler_order import check_step_order, decodes_among_prefills_state
 from nanocore_conformance.scheduler_sim import ABORT_PHASES as SIM_ABORT_PHASES
 from nanocore_conformance.scheduler_sim import FakeSequence, decide_twice, simulate
 
@@ -84,7 +85,9 @@ class SchedulerPolicyConformance(BackendContractConformance):
     #: The starvation bound a policy declares: "arrival" = no request gets its first tokens before an earlier
     #: arrival, so a request waits only for earlier ones (each of which finishes); None = no promise.
     admission_order: str | None = "arrival"
-    requirement_names = ("admission_order",)
+    #: The step order a policy declares (``scheduler_order``): "prefills_first", "decodes_first" or None (no promise).
+    step_order: str | None = None
+    requirement_names = ("admission_order", "step_order")
 
     @pytest.fixture
     def strict_retries(self, backend_cls, backend_entry) -> bool:
@@ -120,6 +123,23 @@ class SchedulerPolicyConformance(BackendContractConformance):
         # the blocks the decodes' next tokens need count too: a prefill chunk may take only what they leave
         decide_twice(backend_cls(backend_options), scarce_blocks_state(), StepBudget(64, 8, free_blocks, 4),
                      strict_retries)
+
+    @pytest.mark.parametrize("state, budget", [
+        (fixed_state, (24, 3, 100, 16)), (fixed_state, (64, 2, 100, 16)), (fixed_state, (64, 8, 100, 16)),
+        (fixed_state, (16, 2, 100, 16)), (fixed_state, (4, 8, 100, 16)), (fixed_state, (64, 8, 3, 16)),
+        (functools.partial(fixed_state, True), (64, 8, 100, 16)),
+        (functools.partial(fixed_state, True), (2, 8, 100, 16)),
+        (decodes_among_prefills_state, (64, 8, 1, 4)), (decodes_among_prefills_state, (64, 8, 2, 4)),
+        (decodes_among_prefills_state, (64, 8, 3, 4)), (decodes_among_prefills_state, (64, 8, 10, 4)),
+        (decodes_among_prefills_state, (3, 8, 10, 4)), (decodes_among_prefills_state, (64, 2, 10, 4)),
+        (decodes_among_prefills_state, (64, 3, 10, 4))], ids=lambda x: getattr(x, "__name__", None))
+    def test_declared_step_order(self, backend_cls, backend_options, strict_retries, state, budget):
+        # prefills before admissions, decodes before or after prefill chunks, as conformance_requirements declares
+        if self.step_order is None:
+            pytest.skip("the policy declares no step_order in conformance_requirements")
+        state, budget = state(), StepBudget(*budget)
+        decision = decide_twice(backend_cls(backend_options), state, budget, strict_retries)
+        check_step_order(self.step_order, state, budget, decision)
 
     def test_long_prompt_is_not_starved_by_a_stream_of_short_ones(self, backend_cls, backend_options, strict_retries):
         # four 4-token prompts arrive every step, enough to fill the budget alone, behind one long prompt

@@ -16,6 +16,7 @@ from nanocore.interfaces import (
 
 class PrefillFirstPolicy(SchedulerPolicy):
     auto_priority = 0
+    conformance_requirements = {"step_order": "prefills_first"}
 
     def __init__(self, options=None):
         super().__init__(builtin_options(self, PrefillFirstPolicy, "prefill_first", options, {"chunk_size": int}))
@@ -26,12 +27,11 @@ class PrefillFirstPolicy(SchedulerPolicy):
     def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:
         decision = ScheduleDecision()
         # Unfinished prefill chunks of running sequences first, then new prompts in order.
-        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens >= 2]
         add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks, self.chunk_size)
         if decision.items:
             return decision
-        for seq in state.running:
-            if len(decision.items) >= budget.max_num_seqs or decision.num_tokens >= budget.max_num_batched_tokens:
-                break
+        # one token each: the first min(max_num_seqs, max_num_batched_tokens) running sequences fill the budget
+        for seq in state.running[:min(budget.max_num_seqs, budget.max_num_batched_tokens)]:
             decision.add(seq, 1)
         return decision

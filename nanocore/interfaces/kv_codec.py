@@ -14,7 +14,9 @@ every forward with that step's new tokens, ``gather`` only on the CPU reference 
 
 ``conformance_requirements`` a codec may declare (a class attribute dict, applied by every conformance class):
 ``{"head_dims": (128,), "block_sizes": (16,)}``, the head dims and block sizes it supports (defaults (32, 64, 128)
-and (4, 16)).
+and (4, 16)); ``{"scale_rule": "amax"}`` when every scale is exactly the toolkit quantizer's (``store_layout``):
+max|x| of its group / qmax (127 for int8, 448 for fp8 e4m3) in ``scale_dtype``, never below that dtype's smallest
+subnormal, and 1 for an all-zero group (default None: any scale the ``store`` rule below allows).
 """
 from __future__ import annotations
 
@@ -129,7 +131,8 @@ class KVCodec(Backend):
         data-dependent shapes (no boolean-mask indexing), no allocation that depends on the data
         (``nanocore.toolkit.kv.store_layout`` does all this for layouts of this family). Quantized values are
         rounded to nearest in the stored dtype, without clipping, with a scale of at most 2 * amax / qmax of
-        what it scales (the conformance suite checks the raw tensors against this rounding)."""
+        what it scales, or the scale dtype's smallest subnormal where that is smaller, and any finite scale for an
+        all-zero group (the conformance suite checks the raw tensors against this rounding)."""
 
     @abstractmethod
     def gather(self, cache: KVCache, slots: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

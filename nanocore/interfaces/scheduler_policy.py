@@ -23,7 +23,14 @@ Constructor: ``__init__(self, options: dict | None = None)`` with the user's ``s
 
 ``conformance_requirements`` a policy may declare (a class attribute dict, read by every conformance class):
 ``{"admission_order": None}`` when it may give a later arrival its first tokens before an earlier one (the default
-``"arrival"`` promises it never does; the bounded wait applies either way).
+``"arrival"`` promises it never does; the bounded wait applies either way). ``{"step_order": ...}`` promises a step
+order, checked on fixed states (default None: no promise). Prefill candidates are the running sequences with two or
+more uncomputed tokens (oldest first), then the waiting ones in order; prefill tokens go to a prefix of them, and to
+the first whenever its remaining prompt (capped by the token room) fits the free blocks left.
+``"prefills_first"``: prefill chunks with no decode when the first candidate fits, else (none fits one token) one
+token each for the first ``min(max_num_seqs, max_num_batched_tokens)`` running sequences. ``"decodes_first"``: one
+token each for the first ``min(decodes, max_num_seqs, max_num_batched_tokens)`` decoding sequences (one uncomputed
+token), then chunks from what they leave (a decode reserves the blocks of its one token).
 """
 from __future__ import annotations
 

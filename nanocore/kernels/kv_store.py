@@ -138,7 +138,7 @@ def store_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
     )
 
 
-def quantize_reference(x: torch.Tensor, dtype: torch.dtype, granularity: str, group_size: int = 0,
+def quantize_reference(x: torch.Tensor, dtype: torch.dtype, granularity: str, group_size: int,
                        scale_dtype: torch.dtype = torch.float32):
     """Torch twin of the kernel's quantizer: ``x [T, Hkv, D]`` -> (values in ``dtype``, scales [T, Hkv, G] in
     ``scale_dtype``, which the values were quantized with)."""

@@ -47,6 +47,18 @@ class TinyInt8KVCodec(KVCodec):
                 self.dequantize(cache.v, cache.v_scale, slots).to(dtype))
 
 
+class AmaxInt8KVCodec(TinyInt8KVCodec):
+    """Declares the toolkit's scale rule and keeps it: amax / 127, and 1 for an all-zero (token, head)."""
+
+    conformance_requirements = {"scale_rule": "amax"}
+    qmax = 127
+
+    def quantize(self, x: torch.Tensor):
+        amax = x.float().abs().amax(-1, keepdim=True)
+        scale = torch.where(amax > 0, amax / self.qmax, torch.ones_like(amax))
+        return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
+
+
 class WritesSlotMinusOne(UnquantizedKVCodec):
     """store writes slot -1 (Python's last slot) instead of skipping it."""
 
@@ -178,6 +190,47 @@ class ScaleClipsLargest(TinyInt8KVCodec):
         return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
 
 
+class QmaxOffByOne(AmaxInt8KVCodec):
+    """Declares scale_rule "amax" but divides by 126: every value fits, but the scales are not the declared ones."""
+
+    qmax = 126
+
+
+class ZeroGroupScaleNotOne(AmaxInt8KVCodec):
+    """Declares scale_rule "amax" but gives an all-zero (token, head) the smallest float32 scale instead of 1 (the
+    zeros still read back as zeros)."""
+
+    def quantize(self, x):
+        amax = x.float().abs().amax(-1, keepdim=True)
+        scale = (amax / 127).clamp_min(torch.finfo(torch.float32).smallest_normal * torch.finfo(torch.float32).eps)
+        return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+class ScaleFloorAtEps(TinyInt8KVCodec):
+    """Floors the scale at float32's eps (1.2e-7) rather than its smallest subnormal: a token with max|x| 2e-6 uses
+    only 17 of int8's 127 steps."""
+
+    def quantize(self, x):
+        scale = x.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127
+        scale = scale.clamp_min(torch.finfo(torch.float32).eps)
+        return torch.round(x.float() / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+class Fp16ScalesWithoutFloor(TinyInt8KVCodec):
+    """float16 scales with no floor: a tiny token's amax / 127 rounds to a 0 scale, and its values read back as 0."""
+
+    def layout(self, dtype):
+        return KVLayout(k_dtype=torch.int8, v_dtype=torch.int8, k_scale="token_head", v_scale="token_head",
+                        scale_dtype=torch.float16)
+
+    def quantize(self, x):
+        scale = (x.float().abs().amax(-1, keepdim=True).clamp_min(1e-12) / 127).half().float()
+        return torch.round(x.float() / scale).clamp(-127, 127).nan_to_num(0).to(torch.int8), scale.half()
+
+    def dequantize(self, values, scales, slots):
+        return by_slot(values)[slots].float() * by_slot(scales)[slots].float()
+
+
 class GatherUsesFirstHeadScale(TinyInt8KVCodec):
     """gather dequantizes every head with head 0's scale."""
 
@@ -202,8 +255,10 @@ class AccumulatesIntoSlots(UnquantizedKVCodec):
         by_slot(cache.v).index_add_(0, slot_mapping[keep], v[keep].to(cache.v.dtype))
 
 
-CORRECT = [PlainKVCodec, TinyInt8KVCodec]
-MUTANTS = [StoresAtMost128Dims, WritesSlotMinusOne, WritesOneContiguousRun, SortsSlotsFirst, DecodePathWrongBlock, FirstTokenScales,
+CORRECT = [PlainKVCodec, TinyInt8KVCodec, AmaxInt8KVCodec]
+MUTANTS = [StoresAtMost128Dims, WritesSlotMinusOne, WritesOneContiguousRun, SortsSlotsFirst, DecodePathWrongBlock,
+           FirstTokenScales,
            ScaleStoredTwiceGatherHalves, HeadsReversed, GroupScalesUnderTokenHeadLayout, TruncatesToInt8,
-           ScaleClipsLargest, GatherUsesFirstHeadScale, BytesWithoutScales, AccumulatesIntoSlots]
+           ScaleClipsLargest, GatherUsesFirstHeadScale, BytesWithoutScales, AccumulatesIntoSlots, QmaxOffByOne,
+           ZeroGroupScaleNotOne, ScaleFloorAtEps, Fp16ScalesWithoutFloor]
 bind_all(globals(), KVCodecConformance, CORRECT + MUTANTS)

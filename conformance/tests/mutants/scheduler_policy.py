@@ -15,6 +15,8 @@ from nanocore_decode_first import DecodeFirstPolicy
 class FifoPrefillFirst(SchedulerPolicy):
     """Prefill chunks (running prompts, then waiting ones in order) if any fit, otherwise one decode each."""
 
+    conformance_requirements = {"step_order": "prefills_first"}
+
     def __init__(self, options=None):
         super().__init__(check_options("fifo_prefill_first", dict(options or {}), {"chunk_size": int}))
         self.chunk_size = self.options.get("chunk_size", 0)
@@ -171,12 +173,60 @@ class PrefillIgnoresDecodeBlocks(DecodeFirstPolicy):
 
     def schedule(self, state, budget):
         decision = ScheduleDecision()
-        for seq in state.running:
-            if seq.num_uncomputed_tokens == 1 and self._has_room(decision, budget):
-                decision.add(seq, 1)
+        decoding = [s for s in state.running if s.num_uncomputed_tokens == 1]
+        for seq in decoding[:min(budget.max_num_seqs, budget.max_num_batched_tokens)]:
+            decision.add(seq, 1)
         prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
         add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks, self.chunk_size)
         return decision
+
+
+class DecodesStopAtAPrefill(DecodeFirstPolicy):
+    """decode_first whose decode loop ends at the first running sequence still prefilling: the decodes behind it
+    get no token until that prompt is done."""
+
+    def schedule(self, state, budget):
+        running = list(state.running)
+        cut = next((i for i, s in enumerate(running) if s.num_uncomputed_tokens > 1), len(running))
+        hidden = [s for s in running[cut:] if s.num_uncomputed_tokens == 1]
+        return super().schedule(replace(state, running=[s for s in running if s not in hidden]), budget)
+
+
+class ReservesTwoTokensPerDecode(DecodeFirstPolicy):
+    """decode_first that sets aside the blocks of two tokens per decode: a prefill chunk that fits the blocks the
+    decodes leave is not run."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        free_blocks = budget.num_free_blocks
+        decoding = [s for s in state.running if s.num_uncomputed_tokens == 1]
+        for seq in decoding[:min(budget.max_num_seqs, budget.max_num_batched_tokens)]:
+            free_blocks -= budget.blocks_needed(seq, 2)
+            decision.add(seq, 1)
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, free_blocks, self.chunk_size)
+        return decision
+
+
+class MixesDecodesIntoPrefills(FifoPrefillFirst):
+    """Declares prefills_first but counts every running sequence as a prefill candidate: decodes run in prefill
+    steps."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        add_prefill_chunks(decision, [*state.running, *state.waiting], budget, budget.num_free_blocks)
+        return decision if decision.items else super().schedule(state, budget)
+
+
+class AdmitsBeforeShortPrefill(FifoPrefillFirst):
+    """Counts as prefilling only running sequences with more than two uncomputed tokens: one with two left waits
+    while new prompts are admitted."""
+
+    def schedule(self, state, budget):
+        decision = ScheduleDecision()
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 2]
+        add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, budget.num_free_blocks)
+        return decision if decision.items else super().schedule(state, budget)
 
 
 class RotatesDecodesPerCall(FifoPrefillFirst):
@@ -196,5 +246,6 @@ class RotatesDecodesPerCall(FifoPrefillFirst):
 CORRECT = [FifoPrefillFirst, ChunkedFifoPrefillFirst, DecodeFirstPolicy, DecodeFirstChunk8, AgingShortestFirst]
 MUTANTS = [ShortestPromptFirst, IgnoresTokenBudget, IgnoresMaxNumSeqs, SchedulesTwice, SchedulesZeroTokens,
            ChunkFromPromptLength, AdvancesSequences, PopsAdmittedFromWaiting, RotatesDecodesPerCall,
-           ResumesRememberedPrompt, MisspelledRequirement, PrefillIgnoresDecodeBlocks]
+           ResumesRememberedPrompt, MisspelledRequirement, PrefillIgnoresDecodeBlocks, DecodesStopAtAPrefill,
+           ReservesTwoTokensPerDecode, MixesDecodesIntoPrefills, AdmitsBeforeShortPrefill]
 bind_all(globals(), SchedulerPolicyConformance, CORRECT + MUTANTS)

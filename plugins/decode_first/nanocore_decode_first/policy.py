@@ -21,6 +21,7 @@ DEFAULT_CHUNK_SIZE = 128
 
 class DecodeFirstPolicy(SchedulerPolicy):
     auto_priority = None  # a latency trade-off the user opts into; "auto" keeps prefill_first
+    conformance_requirements = {"step_order": "decodes_first"}
 
     def __init__(self, options=None):
         super().__init__(check_options("decode_first", dict(options or {}), {"chunk_size": int}))
@@ -32,18 +33,12 @@ class DecodeFirstPolicy(SchedulerPolicy):
     def schedule(self, state: SchedulerState, budget: StepBudget) -> ScheduleDecision:
         decision = ScheduleDecision()
         free_blocks = budget.num_free_blocks
-        for seq in state.running:
-            if seq.num_uncomputed_tokens != 1:
-                continue  # still prefilling: handled below
-            if not self._has_room(decision, budget):
-                break
+        decoding = [s for s in state.running if s.num_uncomputed_tokens < 2]  # only the last sampled token left
+        # one token each: the first min(max_num_seqs, max_num_batched_tokens) decodes fill the budget
+        for seq in decoding[:min(budget.max_num_seqs, budget.max_num_batched_tokens)]:
             # no block check: a decode that does not fit makes the core preempt the latest arrival
             free_blocks -= budget.blocks_needed(seq, 1)
             decision.add(seq, 1)
-        prefilling = [s for s in state.running if s.num_uncomputed_tokens > 1]
+        prefilling = [s for s in state.running if s.num_uncomputed_tokens >= 2]
         add_prefill_chunks(decision, [*prefilling, *state.waiting], budget, free_blocks, self.chunk_size)
         return decision
-
-    @staticmethod
-    def _has_room(decision: ScheduleDecision, budget: StepBudget) -> bool:
-        return decision.num_tokens < budget.max_num_batched_tokens and len(decision.items) < budget.max_num_seqs

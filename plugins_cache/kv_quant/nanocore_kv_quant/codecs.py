@@ -21,6 +21,7 @@ class ScaledKVCodec(KVCodec):
     """K and V stored in a narrow dtype with per-(token, head) or per-group scales."""
 
     auto_priority = None  # a lossy cache is chosen by name, never by "auto"
+    conformance_requirements = {"scale_rule": "amax"}  # the toolkit's quantizer: scale = amax / qmax exactly
     k_dtype: ClassVar[torch.dtype]
     v_dtype: ClassVar[torch.dtype]
     k_scale: ClassVar[ScaleGranularity] = "token_head"
