@@ -66,8 +66,10 @@ class PrefixCacheConformance(PrefixCacheRuleConformance, PrefixCacheBoundaryConf
     #: Name of the class attribute holding the block-key function ``(parent_key, token_ids) -> int``, which the
     #: suite replaces by one that makes every key collide; None: the cache has none.
     block_hash: ClassVar[str | None] = None
+    #: ``insert`` reads the tokens of at most one cached block besides those of the blocks it adds.
+    incremental_insert: ClassVar[bool] = False
     requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps", "keeps_inserted_blocks",
-                         "forgets_evicted_blocks", "block_hash")
+                         "forgets_evicted_blocks", "block_hash", "incremental_insert")
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)

@@ -1,11 +1,13 @@
 """Explicit prefix-cache cases for the rules a cache declares (``conformance_requirements``): it keeps what it is
 given (``keeps_inserted_blocks``), it holds nothing more once emptied (``forgets_evicted_blocks``) and its hits stay
-right when every block key collides (``block_hash``: the key function the suite may replace). Also: an acquired
+right when every block key collides (``block_hash``: the key function the suite may replace), ``insert`` resumes after
+the cached prefix (``incremental_insert``). Also: an acquired
 block outlives its evicted children, and the toolkit's ``stats()`` counters count what happened.
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -63,6 +65,41 @@ def publishing_case(truth: GroundTruth, seed: int) -> None:
     truth.evict_all()
 
 
+class CountingTokens(Sequence):
+    """Token ids that count how many of them a cache reads (by index, slice or iteration)."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens, self.reads = tokens, 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, index):
+        part = self.tokens[index]
+        self.reads += len(part) if isinstance(index, slice) else 1
+        return part
+
+
+def incremental_case(cache, seed: int) -> None:
+    """A growing sequence published one block at a time, then a chunk, then again with nothing new, and a second
+    sequence that shares its first blocks: each ``insert`` may read the tokens of one cached block and of the blocks
+    it adds, never the whole prefix again."""
+    bs, rng = cache.block_size, random.Random(seed)
+    doc = random_tokens(rng, 40 * bs)
+    steps = [(n, 1) for n in range(1, 31)] + [(40, 10), (40, 0)]
+    branch = doc[:20 * bs] + random_tokens(rng, 4 * bs)
+    steps_branch = [(n, 1) for n in range(21, 25)]
+    for tokens, blocks, plan in ((doc, list(range(40)), steps), (branch, list(range(20)) + [40, 41, 42, 43],
+                                                                   steps_branch)):
+        for num_blocks, new in plan:
+            counted = CountingTokens(tokens[:num_blocks * bs])
+            cache.insert(counted, blocks[:num_blocks])
+            assert counted.reads <= (1 + new) * bs, (
+                f"insert of {num_blocks} blocks, of which {new} not cached yet, read {counted.reads} token ids; it "
+                f"may read one cached block's and the new blocks' ({(1 + new) * bs}): resume after the cached "
+                f"prefix (declare incremental_insert False if the cache walks the whole prefix)")
+
+
 def colliding_keys(backend_cls: type, attribute: str) -> type:
     """``backend_cls`` with its declared block-key function replaced by one that gives every block the same key."""
     return type(f"{backend_cls.__name__}WithCollidingKeys", (backend_cls,),
@@ -97,6 +134,12 @@ class PrefixCacheRuleConformance:
             f"{sizes} objects: state of evicted blocks piles up (forget an evicted block's entries, also the empty "
             f"ones; declare conformance_requirements = {{'forgets_evicted_blocks': False}} only if the cache keeps "
             f"bounded history by design)")
+
+    def test_insert_reads_only_what_it_adds(self, backend_cls, backend_options):
+        if not self.incremental_insert:
+            pytest.skip(f"{backend_cls.__name__} does not declare incremental_insert: insert may walk the whole prefix")
+        for bs in self.block_sizes:
+            incremental_case(backend_cls(bs, 64, backend_options), bs)
 
     def test_blocks_whose_keys_collide_are_told_apart(self, backend_cls, backend_options):
         if self.block_hash is None:

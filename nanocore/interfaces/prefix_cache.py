@@ -30,6 +30,8 @@ stateful run (14, 6, 30). Rules a cache declares (each checked by its own case):
 - ``block_hash`` (default None): the name of a class attribute holding the cache's block-key function
   ``(parent_key: int, token_ids: tuple[int, ...]) -> int``; the suite replaces it with one that gives every block the
   same key, and every hit must still hold exactly the queried prefix.
+- ``incremental_insert`` (default False): ``insert`` of a sequence whose first blocks are cached reads the token ids
+  of at most one cached block besides those of the blocks it adds (``published_prefix`` in the toolkit does this).
 - ``stats()`` may report any numbers; the counter names of ``nanocore.toolkit.prefix_cache.PrefixCacheCounters``
   (``queries``, ``query_blocks``, ``hit_blocks``, ``evictions``, ``cached_blocks``, ``evictable_blocks``,
   ``block_hit_rate``) mean what it counts wherever a cache reports them.

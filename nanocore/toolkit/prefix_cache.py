@@ -62,7 +62,7 @@ class EvictableLRU:
         stamp = self.now() if stamp is None else stamp
         self._stamps[block_id] = stamp
         heapq.heappush(self._heap, (stamp, block_id))
-        if len(self._heap) > 2 * len(self._stamps) + 64:
+        if len(self._heap) > 2 * len(self._stamps):
             self._compact()  # stale heap entries from discards would otherwise pile up
 
     def discard(self, block_id: int) -> None:

@@ -1,14 +1,16 @@
 """Prefix caches wrong only against the rules a cache declares or the cases random runs rarely reach: it keeps what
 it is given, a block after a miss never matches, an acquired block outlives its children, ``stats()`` counts what
-happened, an emptied cache holds nothing more, hits compare tokens when keys collide. Each is one of the correct
-caches of ``prefix_cache.py`` (or the ``hash`` plugin) with one thing changed."""
+happened, an emptied cache holds nothing more, hits compare tokens when keys collide, insert reads only what it
+adds. Each is one of the correct caches of ``prefix_cache.py`` (or a plugin's) with one thing changed."""
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
 from nanocore_conformance import PrefixCacheConformance, bind_all
+from nanocore.toolkit.prefix_cache import full_blocks
 from nanocore_hash import HashPrefixCache
+from nanocore_radix import RadixPrefixCache
 
 # the correct caches live beside this file (mutant modules are loaded by path, not as a package)
 _spec = importlib.util.spec_from_file_location("nanocore_mutants_prefix_cache_base",
@@ -109,6 +111,16 @@ class ComparesParentsOnly(HashPrefixCache):
         return next((entry for entry in self._table.get(key, ()) if entry.parent is parent), None)
 
 
+class RewalksThePrefix(RadixPrefixCache):
+    """Declares incremental_insert, but insert() walks the whole prefix from the root on every call: a decode that
+    publishes one block re-reads every token of the sequence."""
+
+    def insert(self, token_ids, block_ids):
+        node = self._root
+        for block_id, block in zip(block_ids, full_blocks(token_ids, self.block_size, len(block_ids))):
+            node = node.children.get(block) or self._add_child(node, block_id, block)
+
+
 MUTANTS = [PublishesOnlyTheFirstChunk, SkipsMissingBlocks, AcquireProtectsLeavesOnly, CountsEvictCalls,
-           KeepsEmptiedEntries, ComparesParentsOnly]
+           KeepsEmptiedEntries, ComparesParentsOnly, RewalksThePrefix]
 bind_all(globals(), PrefixCacheConformance, MUTANTS)
