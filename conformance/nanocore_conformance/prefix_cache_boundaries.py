@@ -96,11 +96,13 @@ class PrefixCacheBoundaryConformance:
     def test_hundreds_of_children_under_one_parent_are_told_apart(self, backend_cls, backend_options):
         for bs in self.block_sizes:
             cache = backend_cls(bs, COLLISION_BLOCKS, backend_options)
-            children_case(GroundTruth(cache, COLLISION_BLOCKS, self.keeps_inserted_blocks))
+            children_case(GroundTruth(cache, COLLISION_BLOCKS, self.keeps_inserted_blocks,
+                                self.evicts_least_recently_released))
 
     def test_eviction_at_every_depth_forgets_the_block(self, backend_cls, backend_options):
         for bs in self.block_sizes:
             truth = GroundTruth(backend_cls(bs, EVICTION_BLOCKS, backend_options), EVICTION_BLOCKS,
-                                self.keeps_inserted_blocks)
+                                self.keeps_inserted_blocks,
+                                self.evicts_least_recently_released)
             eviction_case(truth, bs)
             truth.check_stats("after a tree was evicted block by block")

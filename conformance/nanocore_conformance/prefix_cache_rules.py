@@ -111,7 +111,8 @@ class PrefixCacheRuleConformance:
 
     def test_inserted_blocks_are_matched_until_evicted(self, backend_cls, backend_options):
         for bs in self.block_sizes:
-            truth = GroundTruth(backend_cls(bs, 32, backend_options), 32, self.keeps_inserted_blocks)
+            truth = GroundTruth(backend_cls(bs, 32, backend_options), 32, self.keeps_inserted_blocks,
+                                self.evicts_least_recently_released)
             publishing_case(truth, bs)
             stats = truth.cache.stats()
             assert stats.get("evictable_blocks", 0) == 0 and stats.get("cached_blocks", 0) == 0, (
@@ -124,7 +125,8 @@ class PrefixCacheRuleConformance:
         cache = backend_cls(bs, EVICTION_BLOCKS, backend_options)
         sizes, counts = [], None
         for cycle in range(EMPTYING_CYCLES):  # fresh tokens each cycle: state kept per prefix would pile up
-            truth = GroundTruth(cache, EVICTION_BLOCKS, self.keeps_inserted_blocks)
+            truth = GroundTruth(cache, EVICTION_BLOCKS, self.keeps_inserted_blocks,
+                                self.evicts_least_recently_released)
             truth.counts = counts = counts or truth.counts  # the cache's counters run on over the cycles
             eviction_case(truth, 1000 + cycle)
             publishing_case(truth, 2000 + cycle)
@@ -146,9 +148,9 @@ class PrefixCacheRuleConformance:
             pytest.skip(f"{backend_cls.__name__} declares no block_hash in conformance_requirements: no key "
                         f"function to make collide")
         weak = colliding_keys(backend_cls, self.block_hash)
-        keeps = self.keeps_inserted_blocks
+        keeps, lru = self.keeps_inserted_blocks, self.evicts_least_recently_released
         for bs in self.block_sizes:
-            children_case(GroundTruth(weak(bs, COLLISION_BLOCKS, backend_options), COLLISION_BLOCKS, keeps))
-            truth = GroundTruth(weak(bs, EVICTION_BLOCKS, backend_options), EVICTION_BLOCKS, keeps)
+            children_case(GroundTruth(weak(bs, COLLISION_BLOCKS, backend_options), COLLISION_BLOCKS, keeps, lru))
+            truth = GroundTruth(weak(bs, EVICTION_BLOCKS, backend_options), EVICTION_BLOCKS, keeps, lru)
             eviction_case(truth, bs)
             publishing_case(truth, bs)

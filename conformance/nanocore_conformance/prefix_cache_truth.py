@@ -9,6 +9,7 @@ be cached or not.
 from __future__ import annotations
 
 import gc
+import itertools
 import math
 import types
 
@@ -31,8 +32,10 @@ def reachable_objects(root: object, limit: int = 200_000) -> int:
 class GroundTruth:
     """Drives one cache as the BlockManager does and checks every answer against the blocks' real content."""
 
-    def __init__(self, cache, num_blocks: int, keeps: bool):
-        self.cache, self.bs, self.keeps = cache, cache.block_size, keeps
+    def __init__(self, cache, num_blocks: int, keeps: bool, lru: bool = False):
+        self.cache, self.bs, self.keeps, self.lru = cache, cache.block_size, keeps, lru
+        self.released_at: dict[int, int] = {}  # kept block -> when release() last returned True for it
+        self.clock = itertools.count()
         self.ref = {b: 0 for b in range(num_blocks)}
         self.content: dict[int, tuple | None] = {b: None for b in range(num_blocks)}
         self.kept: set[int] = set()
@@ -127,6 +130,7 @@ class GroundTruth:
             content = self.content[block]
             if self.cache.release(block):
                 self.kept.add(block)
+                self.released_at[block] = next(self.clock)
                 continue
             assert not (self.keeps and content is not None and self.server.get(content) == block), (
                 f"release({block}) returned False, but block {block} was inserted for a prefix no other block held "
@@ -146,11 +150,26 @@ class GroundTruth:
                 f"evict() returned block {block}, which the cache does not keep (release never returned True for it, "
                 f"or it was evicted already)")
             self.counts["evictions"] += 1
+            self._check_lru(block)
             self.kept.discard(block)
             self.content[block] = None
             self.evicted.add(block)
             self.free.append(block)
         return block
+
+    def _check_lru(self, block: int) -> None:
+        """With ``lru``: no idle kept block released before ``block`` is a leaf (a prefix no live block extends)."""
+        if not self.lru:
+            return
+        live = [c for b, c in self.content.items() if c is not None and (self.ref[b] or b in self.kept)]
+        for other in self.kept - {block}:
+            prefix = self.content[other]
+            older = self.released_at.get(other, 0) < self.released_at.get(block, 0)
+            if older and not self.ref[other] and not any(len(c) > len(prefix) and c[:len(prefix)] == prefix
+                                                         for c in live):
+                raise AssertionError(
+                    f"evict() returned block {block} while block {other}, released earlier and holding no prefix of "
+                    f"another cached block, stays kept; the cache declares evicts_least_recently_released")
 
     def evict_all(self) -> list[int]:
         evicted = []

@@ -32,6 +32,8 @@ stateful run (14, 6, 30). Rules a cache declares (each checked by its own case):
   same key, and every hit must still hold exactly the queried prefix.
 - ``incremental_insert`` (default False): ``insert`` of a sequence whose first blocks are cached reads the token ids
   of at most one cached block besides those of the blocks it adds (``published_prefix`` in the toolkit does this).
+- ``evicts_least_recently_released`` (default False): ``evict`` never returns a block while an idle kept block
+  released earlier holds no prefix of another live block (LRU over all released blocks, or over leaves, keep it).
 - ``stats()`` may report any numbers; the counter names of ``nanocore.toolkit.prefix_cache.PrefixCacheCounters``
   (``queries``, ``query_blocks``, ``hit_blocks``, ``evictions``, ``cached_blocks``, ``evictable_blocks``,
   ``block_hit_rate``) mean what it counts wherever a cache reports them.

@@ -121,6 +121,20 @@ class RewalksThePrefix(RadixPrefixCache):
             node = node.children.get(block) or self._add_child(node, block_id, block)
 
 
+class EvictsNewestFirst(KeyedPrefixCache):
+    """Declares evicts_least_recently_released, but evict() pops the most recently released block (a stack)."""
+
+    conformance_requirements = {"evicts_least_recently_released": True}
+
+    def evict(self):
+        if not self.lru:
+            return None
+        block, _ = self.lru.popitem(last=True)
+        del self.block_of[self.key_of.pop(block)]
+        return block
+
+
 MUTANTS = [PublishesOnlyTheFirstChunk, SkipsMissingBlocks, AcquireProtectsLeavesOnly, CountsEvictCalls,
-           KeepsEmptiedEntries, ComparesParentsOnly, RewalksThePrefix]
+           KeepsEmptiedEntries, ComparesParentsOnly, RewalksThePrefix,
+           EvictsNewestFirst]
 bind_all(globals(), PrefixCacheConformance, MUTANTS)
