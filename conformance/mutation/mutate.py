@@ -71,6 +71,8 @@ def run_target(target, plan, args, results: dict, deadline: float | None) -> boo
             info = dict(run, seconds=round(elapsed * len(recs) / total, 1))
         mutation_results.merge(results, target, spans, {name: recs}, info)
     mutation_results.merge(results, target, spans, {}, {})  # drops functions the target no longer lists
+    if finished:  # a changed function with no mutant left keeps no outcome of its old source
+        mutation_results.drop_stale(results, target, spans)
     mutation_results.save(args.results, results)
     return finished
 

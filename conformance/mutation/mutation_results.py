@@ -42,6 +42,13 @@ def merge(results: dict, target: Target, spans: dict[str, Span], records: dict[s
     entry["functions"] = functions
 
 
+def drop_stale(results: dict, target: Target, spans: dict[str, Span]) -> None:
+    """Forget stored functions made from another source than the current one: run anew, they left no mutant."""
+    functions = results["targets"].get(target.name, {}).get("functions", {})
+    for name in [n for n, f in functions.items() if n in spans and f.get("sha") != spans[n].key]:
+        del functions[name]
+
+
 def load_triage(path: Path) -> dict[tuple[str, str, str], str]:
     """(target, function, mutant id) -> why the mutant is equivalent (behaves exactly like the original)."""
     if not path.exists():
