@@ -71,8 +71,11 @@ class PrefixCacheConformance(PrefixCacheRuleConformance, PrefixCacheBoundaryConf
     #: ``evict`` returns the least recently released of the idle kept blocks that no live block extends (a leaf):
     #: pure LRU (``hash``) and LRU over leaves (``radix``) both keep it.
     evicts_least_recently_released: ClassVar[bool] = False
+    #: ``insert`` of a block id the cache holds for other tokens raises ValueError.
+    rejects_reused_blocks: ClassVar[bool] = False
     requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps", "keeps_inserted_blocks",
-                         "forgets_evicted_blocks", "block_hash", "incremental_insert", "evicts_least_recently_released")
+                         "forgets_evicted_blocks", "block_hash", "incremental_insert", "evicts_least_recently_released",
+                         "rejects_reused_blocks")
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)

@@ -1,8 +1,9 @@
 """Explicit prefix-cache cases for the rules a cache declares (``conformance_requirements``): it keeps what it is
-given (``keeps_inserted_blocks``), it holds nothing more once emptied (``forgets_evicted_blocks``) and its hits stay
-right when every block key collides (``block_hash``: the key function the suite may replace), ``insert`` resumes after
-the cached prefix (``incremental_insert``). Also: an acquired
-block outlives its evicted children, and the toolkit's ``stats()`` counters count what happened.
+given (``keeps_inserted_blocks``), it holds nothing more once emptied (``forgets_evicted_blocks``), its hits stay
+right when every block key collides (``block_hash``: the key function the suite may replace) and ``insert`` resumes
+after the cached prefix (``incremental_insert``) and refuses a block cached for other tokens
+(``rejects_reused_blocks``). Also: an acquired block outlives its evicted children, and the
+toolkit's ``stats()`` counters count what happened.
 """
 from __future__ import annotations
 
@@ -100,6 +101,20 @@ def incremental_case(cache, seed: int) -> None:
                 f"prefix (declare incremental_insert False if the cache walks the whole prefix)")
 
 
+def reused_block_case(cache) -> None:
+    """``insert`` of a block id the cache holds for other tokens (a caller's bug) raises ValueError, whether those
+    tokens sort before or after the claimed ones."""
+    bs = cache.block_size
+    doc = random_tokens(random.Random(bs), 3 * bs)
+    cache.insert(doc, [0, 1, 2])
+    for step in (-1, 1):
+        claimed = doc[:bs] + [(doc[bs] + step) % VOCAB] + doc[bs + 1:2 * bs]
+        with pytest.raises(ValueError):
+            cache.insert(claimed, [5, 1])
+            pytest.fail(f"insert() accepted block 1 for tokens [{bs}, {2 * bs}) of another prefix while it holds "
+                        f"block 1 for other tokens; raise ValueError saying the block is cached for other tokens")
+
+
 def colliding_keys(backend_cls: type, attribute: str) -> type:
     """``backend_cls`` with its declared block-key function replaced by one that gives every block the same key."""
     return type(f"{backend_cls.__name__}WithCollidingKeys", (backend_cls,),
@@ -142,6 +157,12 @@ class PrefixCacheRuleConformance:
             pytest.skip(f"{backend_cls.__name__} does not declare incremental_insert: insert may walk the whole prefix")
         for bs in self.block_sizes:
             incremental_case(backend_cls(bs, 64, backend_options), bs)
+
+    def test_a_block_cached_for_other_tokens_is_refused(self, backend_cls, backend_options):
+        if not self.rejects_reused_blocks:
+            pytest.skip(f"{backend_cls.__name__} does not declare rejects_reused_blocks: it may ignore such blocks")
+        for bs in self.block_sizes:
+            reused_block_case(backend_cls(bs, 8, backend_options))
 
     def test_blocks_whose_keys_collide_are_told_apart(self, backend_cls, backend_options):
         if self.block_hash is None:

@@ -34,6 +34,8 @@ stateful run (14, 6, 30). Rules a cache declares (each checked by its own case):
   of at most one cached block besides those of the blocks it adds (``published_prefix`` in the toolkit does this).
 - ``evicts_least_recently_released`` (default False): ``evict`` never returns a block while an idle kept block
   released earlier holds no prefix of another live block (LRU over all released blocks, or over leaves, keep it).
+- ``rejects_reused_blocks`` (default False): ``insert`` of a block id the cache holds for other tokens (a caller's
+  bug) raises ValueError instead of chaining later blocks to it.
 - ``stats()`` may report any numbers; the counter names of ``nanocore.toolkit.prefix_cache.PrefixCacheCounters``
   (``queries``, ``query_blocks``, ``hit_blocks``, ``evictions``, ``cached_blocks``, ``evictable_blocks``,
   ``block_hit_rate``) mean what it counts wherever a cache reports them.

@@ -134,7 +134,24 @@ class EvictsNewestFirst(KeyedPrefixCache):
         return block
 
 
+class TrustsCachedBlockIds(HashPrefixCache):
+    """Declares rejects_reused_blocks, but insert() resumes after any cached block id of the sequence without
+    comparing its tokens: a block cached for other tokens is taken as this prefix's, silently."""
+
+    def insert(self, token_ids, block_ids):
+        cached = [i for i, block in enumerate(block_ids) if block in self._by_block]
+        start = cached[-1] + 1 if cached else 0
+        parent = self._by_block[block_ids[start - 1]] if start else None
+        for block_id, block in zip(block_ids[start:], full_blocks(token_ids[start * self.block_size:],
+                                                                  self.block_size, len(block_ids) - start)):
+            key = self.block_hash(parent.key if parent else 0, block)
+            entry = self._find(key, block, parent) or self._add_entry(key, block, parent)
+            if entry.block_id is None:
+                self._publish(entry, block_id)
+            parent = entry
+
+
 MUTANTS = [PublishesOnlyTheFirstChunk, SkipsMissingBlocks, AcquireProtectsLeavesOnly, CountsEvictCalls,
            KeepsEmptiedEntries, ComparesParentsOnly, RewalksThePrefix,
-           EvictsNewestFirst]
+           EvictsNewestFirst, TrustsCachedBlockIds]
 bind_all(globals(), PrefixCacheConformance, MUTANTS)

@@ -39,9 +39,9 @@ def chained_block_hash(parent_key: int, token_ids: tuple[int, ...]) -> int:
 
 class HashPrefixCache(PrefixCache):
     auto_priority = 20  # above radix (10) and the builtin "none" (0): "auto" picks hash
-    # the suite makes every key collide through block_hash, counts the tokens insert reads, checks the LRU order
+    # the suite makes every key collide through block_hash and checks the rest of what these promise
     conformance_requirements = {"block_hash": "block_hash", "incremental_insert": True,
-                                "evicts_least_recently_released": True}
+                                "evicts_least_recently_released": True, "rejects_reused_blocks": True}
 
     def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
         super().__init__(block_size, num_blocks, check_options("hash", dict(options or {}), {}))

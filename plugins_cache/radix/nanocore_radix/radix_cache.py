@@ -28,8 +28,8 @@ class Node:
 
 class RadixPrefixCache(PrefixCache):
     auto_priority = 10  # below hash (20): "auto" picks hash
-    # the suite counts the tokens insert reads and checks the LRU order over leaves
-    conformance_requirements = {"incremental_insert": True, "evicts_least_recently_released": True}
+    conformance_requirements = {"incremental_insert": True, "evicts_least_recently_released": True,
+                                "rejects_reused_blocks": True}
 
     def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
         super().__init__(block_size, num_blocks, check_options("radix", dict(options or {}), {}))
