@@ -18,6 +18,7 @@ from nanocore_conformance.base import MAX_EXAMPLES
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.prefix_cache_boundaries import PrefixCacheBoundaryConformance
 from nanocore_conformance.prefix_cache_machine import VOCAB, BlockManagerModel
+from nanocore_conformance.prefix_cache_rules import PrefixCacheRuleConformance
 
 SCENARIO_BLOCKS = 64
 
@@ -49,7 +50,7 @@ def release_all(cache, blocks: list[int]) -> list[bool]:
     return [cache.release(b) for b in reversed(blocks)][::-1]  # tail first, as the BlockManager frees
 
 
-class PrefixCacheConformance(PrefixCacheBoundaryConformance, BackendContractConformance):
+class PrefixCacheConformance(PrefixCacheRuleConformance, PrefixCacheBoundaryConformance, BackendContractConformance):
     kind = "prefix_cache"
     #: Block sizes of the fixed scenarios and the stateful run (the engine's default is 16).
     block_sizes: ClassVar[tuple[int, ...]] = (16, 32)
@@ -57,7 +58,24 @@ class PrefixCacheConformance(PrefixCacheBoundaryConformance, BackendContractConf
     num_blocks: ClassVar[int] = 14
     max_seq_blocks: ClassVar[int] = 6
     stateful_steps: ClassVar[int] = 30
-    requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps")
+    #: Every block ``insert`` publishes for a prefix no block holds is kept (``release`` True, ``match`` returns it
+    #: after a matched prefix) until ``evict`` returns it. False for caches that keep only some blocks (``none``).
+    keeps_inserted_blocks: ClassVar[bool] = True
+    #: Once ``evict`` has returned every block, the cache reaches no more objects than when it was first emptied.
+    forgets_evicted_blocks: ClassVar[bool] = True
+    #: Name of the class attribute holding the block-key function ``(parent_key, token_ids) -> int``, which the
+    #: suite replaces by one that makes every key collide; None: the cache has none.
+    block_hash: ClassVar[str | None] = None
+    #: ``insert`` reads the tokens of at most one cached block besides those of the blocks it adds.
+    incremental_insert: ClassVar[bool] = False
+    #: ``evict`` returns the least recently released of the idle kept blocks that no live block extends (a leaf):
+    #: pure LRU (``hash``) and LRU over leaves (``radix``) both keep it.
+    evicts_least_recently_released: ClassVar[bool] = False
+    #: ``insert`` of a block id the cache holds for other tokens raises ValueError.
+    rejects_reused_blocks: ClassVar[bool] = False
+    requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps", "keeps_inserted_blocks",
+                         "forgets_evicted_blocks", "block_hash", "incremental_insert", "evicts_least_recently_released",
+                         "rejects_reused_blocks")
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)

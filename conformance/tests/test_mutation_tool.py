@@ -75,3 +75,8 @@ def test_counts_kills_and_survivors_and_reruns_only_changed_functions(tmp_path):
     out = _mutate(tmp_path, "run")
     assert "1 of 1 functions unchanged since their stored run, 0 mutants to run" in out, out
     assert "| fake | fake/calc | 4 | 3 | 1 | 1 | 100.0% |" in out
+
+    (repo / "fakecalc" / "calc.py").write_text(CALC.replace("return x + x", "return x"))  # nothing left to mutate
+    _mutate(tmp_path, "run")
+    stored = json.loads((tmp_path / "results.json").read_text())["targets"]["fake/calc"]["functions"]
+    assert [f["mutants"] for f in stored.values()] == [[]], f"outcomes of the old source of double stayed: {stored}"

@@ -6,6 +6,7 @@ from nanocore.interfaces import PrefixCache, builtin_options
 
 class NoPrefixCache(PrefixCache):
     auto_priority = 0
+    conformance_requirements = {"keeps_inserted_blocks": False}  # caching nothing is its purpose
 
     def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
         super().__init__(block_size, num_blocks, builtin_options(self, NoPrefixCache, "none", options, {}))

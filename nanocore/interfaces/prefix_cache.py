@@ -21,7 +21,24 @@ the engine's block size (16 by default) and the number of KV blocks.
 
 ``conformance_requirements`` a cache may declare (a class attribute dict, applied by every conformance class):
 ``{"block_sizes": (16,)}`` (default (16, 32)); ``num_blocks`` / ``max_seq_blocks`` / ``stateful_steps`` size the
-stateful run (14, 6, 30).
+stateful run (14, 6, 30). Rules a cache declares (each checked by its own case):
+- ``keeps_inserted_blocks`` (default True): every block ``insert`` publishes for a prefix no cached block holds is
+  kept until ``evict`` returns it: ``release`` returns True for it and ``match`` returns it whenever it returns the
+  blocks before it. ``False`` for a cache that keeps only some blocks by design (``none`` keeps none).
+- ``forgets_evicted_blocks`` (default True): once ``evict`` has returned every block, the cache holds no more state
+  than when it was first emptied. ``False`` for a cache that keeps (bounded) history of evicted blocks.
+- ``block_hash`` (default None): the name of a class attribute holding the cache's block-key function
+  ``(parent_key: int, token_ids: tuple[int, ...]) -> int``; the suite replaces it with one that gives every block the
+  same key, and every hit must still hold exactly the queried prefix.
+- ``incremental_insert`` (default False): ``insert`` of a sequence whose first blocks are cached reads the token ids
+  of at most one cached block besides those of the blocks it adds (``published_prefix`` in the toolkit does this).
+- ``evicts_least_recently_released`` (default False): ``evict`` never returns a block while an idle kept block
+  released earlier holds no prefix of another live block (LRU over all released blocks, or over leaves, keep it).
+- ``rejects_reused_blocks`` (default False): ``insert`` of a block id the cache holds for other tokens (a caller's
+  bug) raises ValueError instead of chaining later blocks to it.
+- ``stats()`` may report any numbers; the counter names of ``nanocore.toolkit.prefix_cache.PrefixCacheCounters``
+  (``queries``, ``query_blocks``, ``hit_blocks``, ``evictions``, ``cached_blocks``, ``evictable_blocks``,
+  ``block_hit_rate``) mean what it counts wherever a cache reports them.
 """
 from __future__ import annotations
 

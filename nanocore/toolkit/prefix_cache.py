@@ -35,7 +35,7 @@ def published_prefix(token_ids: Sequence[int], block_ids: Sequence[int], block_s
     The BlockManager publishes a sequence one new block at a time, so ``insert`` resumes after the last of
     its blocks already cached for these tokens (``by_block``: block id -> node with ``token_ids``) instead of
     walking the whole prefix again: a block's KV depends on its whole prefix, so its node is on this path."""
-    for i in range(len(block_ids) - 1, -1, -1):
+    for i in reversed(range(len(block_ids))):
         node = by_block.get(block_ids[i])
         if node is not None and node.token_ids == tuple(token_ids[i * block_size:(i + 1) * block_size]):
             return i + 1, node
@@ -62,7 +62,7 @@ class EvictableLRU:
         stamp = self.now() if stamp is None else stamp
         self._stamps[block_id] = stamp
         heapq.heappush(self._heap, (stamp, block_id))
-        if len(self._heap) > 2 * len(self._stamps) + 64:
+        if len(self._heap) > 2 * len(self._stamps):
             self._compact()  # stale heap entries from discards would otherwise pile up
 
     def discard(self, block_id: int) -> None:

@@ -28,6 +28,8 @@ class Node:
 
 class RadixPrefixCache(PrefixCache):
     auto_priority = 10  # below hash (20): "auto" picks hash
+    conformance_requirements = {"incremental_insert": True, "evicts_least_recently_released": True,
+                                "rejects_reused_blocks": True}
 
     def __init__(self, block_size: int, num_blocks: int, options: dict | None = None):
         super().__init__(block_size, num_blocks, check_options("radix", dict(options or {}), {}))
@@ -53,7 +55,7 @@ class RadixPrefixCache(PrefixCache):
         start, node = published_prefix(token_ids, block_ids, self.block_size, self._by_block)
         node = node or self._root
         bs = self.block_size
-        for block_id, block in zip(block_ids[start:], full_blocks(token_ids[start * bs:], bs, len(block_ids) - start)):
+        for block_id, block in zip(block_ids[start:], full_blocks(token_ids[start * bs:len(block_ids) * bs], bs)):
             child = node.children.get(block)
             if child is None:
                 child = self._add_child(node, block_id, block)
@@ -96,7 +98,7 @@ class RadixPrefixCache(PrefixCache):
         assert not node.children, "only leaves are evictable"
         parent = node.parent
         del parent.children[node.token_ids]
-        if parent is not self._root and parent.released and not parent.children:
+        if parent.released and not parent.children:  # never the root: it is never released
             self._evictable.add(parent.block_id, parent.last_released)  # keeps its place in the LRU order
         self._counters.evictions += 1
         return block_id
