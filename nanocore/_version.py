@@ -1,2 +1,2 @@
 """The version of nanocore, readable without importing the package (the plugin registry checks requirements on it)."""
-__version__ = "1.5.0"
+__version__ = "1.6.0"

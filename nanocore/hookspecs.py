@@ -8,8 +8,8 @@ entry-point group of its distribution::
 
 Each hook returns ``{name: backend_class}`` for one of the six extension points. The class
 subclasses the matching interface in ``nanocore.interfaces`` (each module there states its whole contract:
-constructor, calls, shapes, what must be CUDA-graph safe) and declares ``api_version = "1.5"`` on itself, or
-its distribution requires ``nanocore-llm>=1.5,<2``. Users then select the backend by name:
+constructor, calls, shapes, what must be CUDA-graph safe) and declares ``api_version = "1.6"`` on itself, or
+its distribution requires ``nanocore-llm>=1.6,<2``. Users then select the backend by name:
 ``LLM(model, linear_method="my_backend")``.
 
 The public plugin surface is this module, ``nanocore.interfaces`` and ``nanocore.toolkit`` (reusable

@@ -33,7 +33,7 @@ LOUD = 2.0 ** 12
 #: The quiet values' share of the largest value the declared rounding makes zero (room for a scale search).
 MARGIN = 0.25
 #: The plugin API minor that added the rule: backends written for an older one are warned, not failed.
-RULE_SINCE = (1, 5)
+RULE_SINCE = (1, 6)
 PROBE_DRAW = {"tp_size": 1, "heads": (2, 2), "hidden": 3, "head_dim": 5, "intermediate": 7, "qkv_bias": False}
 INPUTS = {"qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
           "gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"), "o_proj": ("self_attn.o_proj",),
@@ -88,11 +88,11 @@ class LinearActivationConformance:
             pytest.skip(f"{backend_cls.__name__}'s quant_scheme() rounds no activations (or only by a strategy "
                         f"the probe does not know)")
         if targeted_minor(backend_cls, backend_entry) < RULE_SINCE:
-            warn_legacy(backend_cls, "written for a plugin API before 1.5, whose declared activation rounding only "
-                        "bounded the error; declare api_version = \"1.5\" once apply rounds activations as "
+            warn_legacy(backend_cls, "written for a plugin API before 1.6, whose declared activation rounding only "
+                        "bounded the error; declare api_version = \"1.6\" once apply rounds activations as "
                         "quant_scheme() says (or declare conformance_requirements "
                         "{'rounds_declared_activations': False})")
-            pytest.skip(f"{backend_cls.__name__} targets a plugin API before 1.5 (activation rounding not probed)")
+            pytest.skip(f"{backend_cls.__name__} targets a plugin API before 1.6 (activation rounding not probed)")
         self._probe_layers(backend_cls, *made, shape, weights, dtype, device)
         made = self._probe_checkpoint(backend_cls, options, shape, weights, calibrated=True)
         if made is not None:

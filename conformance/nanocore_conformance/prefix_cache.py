@@ -11,10 +11,12 @@ from __future__ import annotations
 import random
 from typing import ClassVar
 
+import pytest
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from nanocore_conformance.base import MAX_EXAMPLES
+from nanocore_conformance.compat import targeted_minor, warn_legacy
 from nanocore_conformance.contract import BackendContractConformance
 from nanocore_conformance.prefix_cache_boundaries import PrefixCacheBoundaryConformance
 from nanocore_conformance.prefix_cache_machine import VOCAB, BlockManagerModel
@@ -50,6 +52,23 @@ def release_all(cache, blocks: list[int]) -> list[bool]:
     return [cache.release(b) for b in reversed(blocks)][::-1]  # tail first, as the BlockManager frees
 
 
+#: The plugin API minor that added keeps_inserted_blocks, forgets_evicted_blocks and the stats() counters.
+RULES_SINCE = (1, 6)
+
+
+def holds_cache_rules(backend_cls, backend_entry) -> bool:
+    """Whether the cache is held to plugin API 1.6's rules; one written for an older API is held to its own (hits
+    must be right, but it need not keep every block, forget evicted state or count ``stats()`` as the toolkit
+    names them) and told what to declare."""
+    if targeted_minor(backend_cls, backend_entry) >= RULES_SINCE:
+        return True
+    warn_legacy(backend_cls, "written for a plugin API before 1.6, which did not require a cache to keep what "
+                "insert() gives it, to forget evicted blocks or to count stats() as the toolkit names them; declare "
+                "api_version = \"1.6\" once it does (or declare conformance_requirements "
+                "{'keeps_inserted_blocks': False} / {'forgets_evicted_blocks': False})")
+    return False
+
+
 class PrefixCacheConformance(PrefixCacheRuleConformance, PrefixCacheBoundaryConformance, BackendContractConformance):
     kind = "prefix_cache"
     #: Block sizes of the fixed scenarios and the stateful run (the engine's default is 16).
@@ -73,9 +92,16 @@ class PrefixCacheConformance(PrefixCacheRuleConformance, PrefixCacheBoundaryConf
     evicts_least_recently_released: ClassVar[bool] = False
     #: ``insert`` of a block id the cache holds for other tokens raises ValueError.
     rejects_reused_blocks: ClassVar[bool] = False
+    #: ``stats()`` counters named as the toolkit's mean what it counts (a rule of plugin API 1.6, like the two above).
+    counts_stats: ClassVar[bool] = True
     requirement_names = ("block_sizes", "num_blocks", "max_seq_blocks", "stateful_steps", "keeps_inserted_blocks",
                          "forgets_evicted_blocks", "block_hash", "incremental_insert", "evicts_least_recently_released",
                          "rejects_reused_blocks")
+
+    @pytest.fixture(autouse=True)
+    def _rules_of_its_api(self, backend_cls, backend_entry):
+        if not holds_cache_rules(backend_cls, backend_entry):
+            self.keeps_inserted_blocks = self.forgets_evicted_blocks = self.counts_stats = False
 
     def test_constructs(self, backend_cls, backend_options):
         cache = backend_cls(16, 8, backend_options)

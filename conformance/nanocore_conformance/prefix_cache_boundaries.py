@@ -97,12 +97,12 @@ class PrefixCacheBoundaryConformance:
         for bs in self.block_sizes:
             cache = backend_cls(bs, COLLISION_BLOCKS, backend_options)
             children_case(GroundTruth(cache, COLLISION_BLOCKS, self.keeps_inserted_blocks,
-                                self.evicts_least_recently_released))
+                                self.evicts_least_recently_released, self.counts_stats))
 
     def test_eviction_at_every_depth_forgets_the_block(self, backend_cls, backend_options):
         for bs in self.block_sizes:
             truth = GroundTruth(backend_cls(bs, EVICTION_BLOCKS, backend_options), EVICTION_BLOCKS,
                                 self.keeps_inserted_blocks,
-                                self.evicts_least_recently_released)
+                                self.evicts_least_recently_released, self.counts_stats)
             eviction_case(truth, bs)
             truth.check_stats("after a tree was evicted block by block")

@@ -14,6 +14,7 @@ from nanocore.interfaces import (KVCache, KVCodec, KVLayout, LinearMethod, MoEEx
 from nanocore_conformance import (KVCodecConformance, LinearMethodConformance, MoEExecutorConformance,
                                   PrefixCacheConformance, SchedulerPolicyConformance, bind)
 from nanocore_conformance.linear_legacy import legacy_tolerance
+from nanocore_conformance.prefix_cache import holds_cache_rules
 from nanocore_conformance.scheduler_policy import strict_retries
 
 GROUP = 32
@@ -189,3 +190,10 @@ def test_linear_method_without_a_scheme_is_told_what_to_add():
 def test_policy_counting_its_calls_is_told_what_to_add():
     with pytest.warns(DeprecationWarning, match=r"api_version = \"1.5\".*steps_waited.*state.retry"):
         assert strict_retries(AgingShortestFirst, None) is False
+
+
+def test_cache_written_before_1_6_is_spared_its_rules_and_told_what_to_declare():
+    with pytest.warns(DeprecationWarning, match=r"api_version = \"1.6\".*keeps_inserted_blocks"):
+        assert holds_cache_rules(ChainedTupleCache, None) is False
+    current = type("CurrentChainedTupleCache", (ChainedTupleCache,), {"api_version": "1.6"})
+    assert holds_cache_rules(current, None) is True

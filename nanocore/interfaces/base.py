@@ -7,7 +7,7 @@ import torch
 
 # Major version bumps when an interface changes incompatibly, minor when one grows; plugins declare the version
 # they target (``api_version`` on their class, or their distribution's requirement on nanocore).
-API_VERSION = "1.5"
+API_VERSION = "1.6"
 #: Options the core adds itself, not the user: a linear method loading a quantized checkpoint gets the
 #: checkpoint's ``quantization_config`` dict. ``check_options`` always accepts them.
 INJECTED_OPTIONS: dict[str, type] = {"quantization_config": dict}

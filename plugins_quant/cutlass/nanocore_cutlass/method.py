@@ -30,7 +30,7 @@ _WHAT = "cutlass (CUTLASS sm_90a FP8 kernel)"
 class CutlassFp8LinearMethod(LinearMethod):
     """fp8 e4m3 weights per output channel x fp8 activations (dynamic per token or static per tensor)."""
 
-    api_version = "1.5"  # held to 1.5's rules: activations rounded as quant_scheme() declares
+    api_version = "1.6"  # held to 1.6's rules: activations rounded as quant_scheme() declares
     quant_method = "fp8"  # the checkpoints fp8_w8a8 loads
     tolerance = (0.07, 0.07)  # as fp8_w8a8: weights and activations each round to 1/16 of their scale
     checkpoint_priority = -1  # loads fp8 checkpoints when named; "auto" keeps fp8_w8a16 / fp8_w8a8

@@ -29,7 +29,7 @@ FP8_SCALE_METHODS = ("search", "absmax")
 
 
 class _Fp8Base(LinearMethod):
-    api_version = "1.5"  # held to 1.5's rules: activations rounded as quant_scheme() declares
+    api_version = "1.6"  # held to 1.6's rules: activations rounded as quant_scheme() declares
     quant_method = "fp8"
     #: Loads block-wise fp8 scales (one per 128 x 128 tile) too.
     loads_blocks = False

@@ -47,7 +47,7 @@ def _int_gemm(xq: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class _Int8Base(LinearMethod):
-    api_version = "1.5"  # held to 1.5's rules: activations rounded as quant_scheme() declares
+    api_version = "1.6"  # held to 1.6's rules: activations rounded as quant_scheme() declares
     quant_method = "compressed-tensors"
     default_scheme = "dynamic"
 
