@@ -64,8 +64,8 @@ def holds_cache_rules(backend_cls, backend_entry) -> bool:
         return True
     warn_legacy(backend_cls, "written for a plugin API before 1.6, which did not require a cache to keep what "
                 "insert() gives it, to forget evicted blocks or to count stats() as the toolkit names them; declare "
-                "api_version = \"1.6\" once it does (or declare conformance_requirements "
-                "{'keeps_inserted_blocks': False} / {'forgets_evicted_blocks': False})")
+                "api_version = \"1.6\" once it does, with conformance_requirements {'keeps_inserted_blocks': False} / "
+                "{'forgets_evicted_blocks': False} where it keeps only some blocks or a bounded history")
     return False
 
 

@@ -42,7 +42,7 @@ refuses an option the signature lacks). The returned tensors must load back thro
 ``{"input_size_multiple": 128, "output_size_multiple": 8}``, the multiples of K and of each output partition its
 layout needs (group size, packing; default 1), and ``"m_thresholds": (16, 128)``, the row counts M at which ``apply``
 switches kernels (GEMV, split-K, tiles; each side of each is tested; since 1.5). A method whose ``quant_scheme()``
-declares rounded activations rounds them as declared, at least for prefill-sized batches (64 rows; since 1.5); one that
+declares rounded activations rounds them as declared, at least for prefill-sized batches (64 rows; since 1.6); one that
 computes them more accurately declares ``"rounds_declared_activations": False`` (its scheme then only bounds the
 error).
 """

@@ -26,7 +26,8 @@ stateful run (14, 6, 30). Rules a cache declares (each checked by its own case):
   kept until ``evict`` returns it: ``release`` returns True for it and ``match`` returns it whenever it returns the
   blocks before it. ``False`` for a cache that keeps only some blocks by design (``none`` keeps none).
 - ``forgets_evicted_blocks`` (default True): once ``evict`` has returned every block, the cache holds no more state
-  than when it was first emptied. ``False`` for a cache that keeps (bounded) history of evicted blocks.
+  than when it was first emptied, and acquiring and releasing the same blocks again and again does not grow it.
+  ``False`` for a cache that keeps (bounded) history of evicted blocks.
 - ``block_hash`` (default None): the name of a class attribute holding the cache's block-key function
   ``(parent_key: int, token_ids: tuple[int, ...]) -> int``; the suite replaces it with one that gives every block the
   same key, and every hit must still hold exactly the queried prefix.
@@ -39,6 +40,9 @@ stateful run (14, 6, 30). Rules a cache declares (each checked by its own case):
 - ``stats()`` may report any numbers; the counter names of ``nanocore.toolkit.prefix_cache.PrefixCacheCounters``
   (``queries``, ``query_blocks``, ``hit_blocks``, ``evictions``, ``cached_blocks``, ``evictable_blocks``,
   ``block_hit_rate``) mean what it counts wherever a cache reports them.
+
+``keeps_inserted_blocks``, ``forgets_evicted_blocks`` and the ``stats()`` counters are rules of plugin API 1.6: a
+cache targeting an older API is held to neither (hits must still be right) and is warned to declare 1.6.
 """
 from __future__ import annotations
 
