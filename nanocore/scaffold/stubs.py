@@ -89,6 +89,9 @@ from nanocore.toolkit.reference import NoPrefixCache
 
 class $cls(PrefixCache):
 ''' + _CAPABILITIES + '''
+    # STUB: it caches nothing; drop this once it keeps every block insert() gives it until evict() returns it
+    conformance_requirements = {"keeps_inserted_blocks": False}
+
     def __init__(self, block_size, num_blocks, options=None):
         super().__init__(block_size, num_blocks, check_options("$name", dict(options or {}), {}))
         self._reference = NoPrefixCache(block_size, num_blocks)  # STUB: caches nothing
